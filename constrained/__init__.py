@@ -1,0 +1,19 @@
+"""constrained: per-request logits processors for vLLM.
+
+Register ``LOGITS_PROCESSORS`` with the engine, then pass options per request::
+
+    llm = LLM(model=path, logits_processors=constrained.LOGITS_PROCESSORS)
+    llm.generate(prompts, SamplingParams(extra_args={"min_p": 0.1, "logit_bias": {11: 5.0}}))
+"""
+
+from constrained.options import OptionError, Options
+
+__version__ = "0.1.0"
+
+# In application order: pre-temperature processors first, then min-p (post-temperature on V1).
+LOGITS_PROCESSORS: list[str] = [
+    "constrained.processors.logit_bias:LogitBiasProcessor",
+    "constrained.processors.min_p:MinPProcessor",
+]
+
+__all__ = ["LOGITS_PROCESSORS", "OptionError", "Options", "__version__"]

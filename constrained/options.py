@@ -1,0 +1,229 @@
+"""The per-request options of the package, one pydantic model for all of them.
+
+The same model parses offline ``SamplingParams.extra_args`` and the server's ``vllm_xargs``
+(which cannot carry nested objects, so mapping-valued options also arrive as JSON strings).
+It is what every processor's ``validate_params`` runs at admission, so a bad request is
+refused with an error naming the field before it reaches the sampler.
+
+Example::
+
+    from constrained import Options
+    params = SamplingParams(extra_args=Options(min_p=0.1, logit_bias={11: 5.0}).to_extra_args())
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
+
+# Keys vLLM itself reads from extra_args (KV/EC transfer, KV report, sessions): never refused.
+VLLM_EXTRA_ARGS_KEYS = frozenset(
+    {"kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id"}
+)
+# Comma-separated extra_args keys meant for other plugins, or "*" to let any unknown key through.
+ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
+
+LOGIT_BIAS_LIMIT = 100.0
+Number = Annotated[StrictFloat | StrictInt, Field()]
+
+
+class OptionError(ValueError):
+    """A per-request option is invalid. ``field`` names the option at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"constrained: invalid option '{field}': {message}")
+
+
+def _finite(value: float, field: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value}")
+    return float(value)
+
+
+class Options(BaseModel):
+    """Every per-request option of ``constrained``; all default to off.
+
+    Attributes:
+        logit_bias: token id -> additive bias in [-100, 100], added to the raw logits
+            (``logits[id] += bias``), at the point where vLLM adds its own ``logit_bias``.
+        min_p: in [0, 1]; after temperature, drop tokens with ``p < min_p * p_max``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    logit_bias: dict[int, Number] | None = None
+    min_p: Number | None = None
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _parse_logit_bias(cls, value: Any) -> Any:
+        if isinstance(value, str):  # vllm_xargs carries mappings as JSON text
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be a mapping of token id to bias, got {type(value).__name__}")
+        parsed: dict[int, Any] = {}
+        for key, bias in value.items():
+            token_id = _token_id(key)
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise ValueError(f"bias for token {key!r} must be a number, got {bias!r}")
+            bias = _finite(bias, "logit_bias")
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(
+                    f"bias for token {token_id} is {bias}, outside "
+                    f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]"
+                )
+            parsed[token_id] = bias
+        return parsed
+
+    @field_validator("min_p")
+    @classmethod
+    def _check_min_p(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value, "min_p")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {value}")
+        return value
+
+    # ---- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_extra_args(
+        cls, extra_args: Mapping[str, Any] | None, *, logits_width: int | None = None
+    ) -> Options | None:
+        """Parse our keys out of ``extra_args``; ``None`` when the request uses none of them.
+
+        Raises:
+            OptionError: an option is invalid, or a key is unknown (with a did-you-mean hint).
+        """
+        if not extra_args:
+            return None
+        ours = {k: v for k, v in extra_args.items() if k in cls.model_fields}
+        _refuse_unknown_keys(extra_args)
+        if not ours:
+            return None
+        try:
+            options = cls.model_validate(ours)
+        except ValidationError as exc:
+            raise _option_error(exc) from None
+        if logits_width is not None:
+            options.check_token_ids(logits_width)
+        return options if options.is_active() else None
+
+    def check_token_ids(self, logits_width: int) -> None:
+        """Refuse token ids outside ``[0, logits_width)``."""
+        for token_id in self.logit_bias or {}:
+            if not 0 <= token_id < logits_width:
+                raise OptionError(
+                    "logit_bias",
+                    f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
+                )
+
+    def is_active(self) -> bool:
+        """True when some option would change the logits."""
+        return bool(self.logit_bias) or bool(self.min_p)
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """The dict for ``SamplingParams(extra_args=...)`` (options left unset are omitted)."""
+        return self.model_dump(exclude_none=True)
+
+    def to_vllm_xargs(self) -> dict[str, Any]:
+        """The dict for the server's ``vllm_xargs``: mappings become JSON strings."""
+        out = self.to_extra_args()
+        if "logit_bias" in out:
+            out["logit_bias"] = json.dumps({str(k): v for k, v in out["logit_bias"].items()})
+        return out
+
+
+def _token_id(key: Any) -> int:
+    if isinstance(key, bool):
+        raise ValueError(f"token id {key!r} is not an integer")
+    if isinstance(key, int):
+        return key
+    if isinstance(key, str):
+        try:
+            return int(key.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"token id {key!r} is not an integer")
+
+
+def _allowed_unknown_keys() -> frozenset[str] | None:
+    """Keys the user declared for other plugins; ``None`` means any key is allowed."""
+    raw = os.environ.get(ALLOWED_KEYS_ENV, "")
+    keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    return None if "*" in keys else keys
+
+
+def _refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
+    unknown = [k for k in extra_args if k not in Options.model_fields]
+    unknown = [k for k in unknown if k not in VLLM_EXTRA_ARGS_KEYS]
+    allowed = _allowed_unknown_keys()
+    if allowed is None:
+        return
+    for key in unknown:
+        if key in allowed:
+            continue
+        hint = difflib.get_close_matches(str(key), list(Options.model_fields), n=1, cutoff=0.6)
+        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise OptionError(
+            str(key),
+            f"unknown option.{did_you_mean} Known options: {', '.join(Options.model_fields)}. "
+            f"Keys meant for another plugin can be allowed with {ALLOWED_KEYS_ENV}=key1,key2.",
+        )
+
+
+def _option_error(exc: ValidationError) -> OptionError:
+    """The first pydantic error, as an ``OptionError`` naming the top-level field."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else "extra_args"
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] not in ("value_error",) and "input" in err:
+        message = f"{message} (got {err['input']!r:.80})"
+    return OptionError(field, message)
+
+
+# vLLM's own SamplingParams fields with the same meaning as ours: setting both would apply twice.
+_BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
+    "logit_bias": ("logit_bias", lambda value: bool(value)),
+    "min_p": ("min_p", lambda value: bool(value)),
+}
+
+
+def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
+    """Parse and check a request's ``SamplingParams``: our options, refusing double application.
+
+    Raises:
+        OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
+    """
+    options = Options.from_extra_args(
+        getattr(params, "extra_args", None), logits_width=logits_width
+    )
+    if options is None:
+        return None
+    for field, (builtin, is_set) in _BUILTIN_TWINS.items():
+        if getattr(options, field) is not None and is_set(getattr(params, builtin, None)):
+            raise OptionError(
+                field,
+                f"also set as vLLM's built-in '{builtin}' for this request; set only one "
+                "(both would apply it twice)",
+            )
+    return options

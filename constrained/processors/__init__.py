@@ -1,0 +1,6 @@
+"""vLLM logits processors. Each class works under Model Runner V1 and V2 (see ``base``)."""
+
+from constrained.processors.logit_bias import LogitBiasProcessor
+from constrained.processors.min_p import MinPProcessor
+
+__all__ = ["LogitBiasProcessor", "MinPProcessor"]

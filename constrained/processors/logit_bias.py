@@ -1,0 +1,54 @@
+"""``logit_bias``: add a per-request bias to chosen tokens' logits, before temperature."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from constrained.options import Options
+from constrained.processors.base import DualInterfaceProcessor
+from constrained.processors.functional import NEUTRAL_BIAS, apply_logit_bias
+from constrained.processors.slots import Column
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+
+
+class LogitBiasProcessor(DualInterfaceProcessor):
+    """Adds ``logit_bias[token]`` to ``logits[token]`` for each request that sets it.
+
+    Formula: ``l'[t] = l[t] + bias[t]`` on the raw logits, where vLLM adds its own
+    ``logit_bias`` (before penalties and temperature), so greedy decoding can change.
+
+    Example::
+
+        SamplingParams(extra_args={"logit_bias": {11: 100.0}})  # token 11 (",") nearly always
+    """
+
+    @classmethod
+    def columns(cls) -> dict[str, Column]:
+        # Padded sparse rows: ids point at token 0 and add the neutral -0.0 where unused.
+        return {
+            "token_ids": Column(torch.int64, 0, width=1),
+            "biases": Column(torch.float32, NEUTRAL_BIAS, width=1),
+        }
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def fill_slot(self, slot: int, options: Options, params: SamplingParams) -> bool:
+        if not options.logit_bias:
+            return False
+        self.slots.write(
+            slot,
+            token_ids=list(options.logit_bias.keys()),
+            biases=list(options.logit_bias.values()),
+        )
+        return True
+
+    def apply_rows(self, logits: torch.Tensor, row_slots: torch.Tensor | None) -> torch.Tensor:
+        num_rows = logits.shape[0]
+        token_ids = self.slots.rows("token_ids", row_slots, num_rows)
+        biases = self.slots.rows("biases", row_slots, num_rows)
+        return apply_logit_bias(logits, token_ids, biases)

@@ -1,0 +1,54 @@
+"""``min_p``: keep only tokens whose probability is at least ``min_p`` times the top one."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from constrained.options import Options
+from constrained.processors.base import DualInterfaceProcessor
+from constrained.processors.functional import apply_min_p
+from constrained.processors.slots import Column
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+
+# vLLM treats temperatures below this as greedy (vllm.sampling_params._SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+
+class MinPProcessor(DualInterfaceProcessor):
+    """Min-p sampling: drop tokens with ``p < min_p * p_max``, ``p = softmax(logits / T)``.
+
+    Computed in logit space as ``l < l_max + T * log(min_p)``: one max and one compare per
+    row, no softmax. Under Model Runner V1 it is argmax-invariant and runs after vLLM divides
+    by temperature (``T = 1`` here), exactly where vLLM's own ``min_p`` runs, so it sees vLLM's
+    built-in penalties too. Model Runner V2 calls custom processors before temperature, so
+    there the request's own ``T`` scales the threshold; the kept set is the same. Greedy
+    requests are left alone (min-p cannot change an argmax).
+
+    Example::
+
+        SamplingParams(temperature=0.8, extra_args={"min_p": 0.1})
+    """
+
+    @classmethod
+    def columns(cls) -> dict[str, Column]:
+        # T * log(min_p) per slot; -inf disables the row.
+        return {"log_min_p": Column(torch.float32, float("-inf"))}
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def fill_slot(self, slot: int, options: Options, params: SamplingParams) -> bool:
+        if not options.min_p or params.temperature < GREEDY_TEMPERATURE:
+            return False
+        scale = 1.0 if self.runner == "v1" else params.temperature
+        self.slots.write(slot, log_min_p=scale * math.log(options.min_p))
+        return True
+
+    def apply_rows(self, logits: torch.Tensor, row_slots: torch.Tensor | None) -> torch.Tensor:
+        log_min_p = self.slots.rows("log_min_p", row_slots, logits.shape[0])
+        return apply_min_p(logits, log_min_p)

@@ -1,0 +1,120 @@
+"""Per-slot state shared by the V1 and V2 adapters.
+
+A *slot* is where a request's state lives: the persistent-batch index under Model Runner V1
+(requests move between indices, so state moves with them) and the request-state slot under
+V2 (fixed for the request's life, recycled without notice). ``SlotTable`` keeps small
+per-slot tensors on the host, where requests are added, and mirrors them to the device in one
+copy per step, only when something changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Column:
+    """One per-slot field: ``shape`` after the slot dimension, and the value of an empty slot."""
+
+    dtype: torch.dtype
+    fill: float | int
+    width: int | None = None  # None: one value per slot; else a growable row of values
+
+
+class SlotTable:
+    """Named ``[capacity]`` or ``[capacity, width]`` host tensors, mirrored to ``device``.
+
+    Rows are written on the host (``write``/``clear``/``move``/``swap``); ``flush`` copies the
+    whole table to the device when dirty. Tables are small (a few values per slot), so one
+    bulk copy beats tracking which rows changed. Pageable host memory makes the
+    non-blocking copy safe to follow with host writes (CUDA stages it before returning).
+    """
+
+    def __init__(self, capacity: int, device: torch.device, columns: dict[str, Column]) -> None:
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.columns = columns
+        self.host: dict[str, torch.Tensor] = {
+            name: self._empty(col) for name, col in columns.items()
+        }
+        self.active = np.zeros(capacity, dtype=bool)
+        self._device_copy: dict[str, torch.Tensor] = {}
+        self._dirty = True
+
+    def _empty(self, col: Column, width: int | None = None) -> torch.Tensor:
+        shape = (self.capacity,) if col.width is None else (self.capacity, width or col.width)
+        return torch.full(shape, col.fill, dtype=col.dtype)
+
+    # ---- host-side row edits -----------------------------------------------------------
+
+    def write(self, slot: int, **values: torch.Tensor | float | int) -> None:
+        """Set a slot's fields (unnamed fields are reset) and mark it active."""
+        self.clear(slot)
+        for name, value in values.items():
+            col, table = self.columns[name], self.host[name]
+            if col.width is None:
+                table[slot] = value
+                continue
+            value = torch.as_tensor(value, dtype=col.dtype)
+            if value.numel() > table.shape[1]:
+                table = self._grow(name, value.numel())
+            table[slot, : value.numel()] = value
+        self.active[slot] = True
+
+    def clear(self, slot: int) -> None:
+        for name, col in self.columns.items():
+            self.host[name][slot] = col.fill
+        self.active[slot] = False
+        self._dirty = True
+
+    def move(self, src: int, dst: int) -> None:
+        for table in self.host.values():
+            table[dst] = table[src]
+        self.active[dst] = self.active[src]
+        self.clear(src)
+
+    def swap(self, a: int, b: int) -> None:
+        idx = torch.tensor([a, b])
+        for table in self.host.values():
+            table[idx] = table[idx.flip(0)]
+        self.active[[a, b]] = self.active[[b, a]]
+        self._dirty = True
+
+    def _grow(self, name: str, width: int) -> torch.Tensor:
+        # Double to keep regrowth rare; padding keeps the column's neutral fill value.
+        old = self.host[name]
+        new = self._empty(self.columns[name], max(width, 2 * old.shape[1]))
+        new[:, : old.shape[1]] = old
+        self.host[name] = new
+        return new
+
+    # ---- device side -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Mirror the host tables to the device if anything changed since the last flush."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        if self.device.type == "cpu":
+            self._device_copy = self.host
+            return
+        for name, host in self.host.items():
+            dev = self._device_copy.get(name)
+            if dev is None or dev.shape != host.shape:
+                dev = self._device_copy[name] = torch.empty_like(host, device=self.device)
+            dev.copy_(host, non_blocking=True)
+
+    def rows(self, name: str, row_slots: torch.Tensor | None, num_rows: int) -> torch.Tensor:
+        """Device values of ``name`` for each logits row.
+
+        ``row_slots`` maps rows to slots (V2); ``None`` means row ``i`` is slot ``i`` (V1).
+        """
+        table = self._device_copy[name]
+        return table[:num_rows] if row_slots is None else table[row_slots]
+
+    def any_active(self, slots: np.ndarray | None = None) -> bool:
+        """Whether any of ``slots`` (default: all) holds an active request; host only."""
+        return bool(self.active.any() if slots is None else self.active[slots].any())

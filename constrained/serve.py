@@ -1,0 +1,49 @@
+"""``python -m constrained serve``: vLLM's OpenAI-compatible server with our processors.
+
+Equivalent to::
+
+    python -m vllm.entrypoints.openai.api_server --model DIR \\
+        --logits-processors constrained.processors.logit_bias:LogitBiasProcessor ...
+
+Our processors are appended to any ``--logits-processors`` the user gives. The process is
+replaced by vLLM's (``exec``), so signals and exit codes are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from constrained import LOGITS_PROCESSORS
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+FLAG = "--logits-processors"
+
+
+def server_argv(args: list[str]) -> list[str]:
+    """vLLM server arguments with our processors merged into ``--logits-processors``."""
+    user_procs: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == FLAG:
+            i += 1
+            while i < len(args) and not args[i].startswith("-"):
+                user_procs.append(args[i])
+                i += 1
+            continue
+        if arg.startswith(FLAG + "="):
+            user_procs.extend(p for p in arg.split("=", 1)[1].split(",") if p)
+        else:
+            rest.append(arg)
+        i += 1
+    procs = user_procs + [p for p in LOGITS_PROCESSORS if p not in user_procs]
+    return [*rest, FLAG, *procs]
+
+
+def main(args: list[str]) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = [sys.executable, "-m", SERVER_MODULE, *server_argv(args)]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)

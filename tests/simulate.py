@@ -1,0 +1,113 @@
+"""Drive processors the way vLLM's model runners do, without an engine.
+
+``V1Batch`` keeps a persistent batch like vLLM's ``InputBatch`` (condensed indices, holes
+filled by adds or by moving the last request down, swaps for reordering, preempted requests
+re-added with their output so far) and emits the matching ``BatchUpdate``s. ``v2_context``
+builds Model Runner V2's per-step ``LogitsContext`` with reordered and speculative rows.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
+
+
+def fake_vllm_config(max_num_seqs: int, vocab_size: int) -> SimpleNamespace:
+    """The two fields our V1 constructors read from ``VllmConfig``."""
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        model_config=SimpleNamespace(get_vocab_size=lambda: vocab_size),
+    )
+
+
+def fake_req_states(max_num_reqs: int, vocab_size: int) -> SimpleNamespace:
+    """The fields of V2's ``LogitsProcRequestState`` our constructors read."""
+    return SimpleNamespace(
+        device=torch.device("cpu"), max_num_reqs=max_num_reqs, vocab_size=vocab_size
+    )
+
+
+@dataclass
+class Request:
+    req_id: int
+    params: SamplingParams
+    prompt: list[int]
+    output: list[int] = field(default_factory=list)
+
+
+class V1Batch:
+    """A persistent batch that emits V1 ``BatchUpdate``s for random joins, leaves and moves."""
+
+    def __init__(self, capacity: int, rng: random.Random) -> None:
+        self.capacity = capacity
+        self.rng = rng
+        self.rows: list[Request] = []
+        self.preempted: list[Request] = []
+
+    def step(self, new_requests: list[Request]) -> BatchUpdate | None:
+        rng = self.rng
+        removed: list[int] = []
+        for i, _ in enumerate(self.rows):
+            if rng.random() < 0.15:
+                removed.append(i)
+        holes = sorted(removed)
+        for i in removed:
+            if rng.random() < 0.3:  # preempted: comes back later with its output
+                self.preempted.append(self.rows[i])
+        slots: list[Request | None] = list(self.rows)
+        for i in removed:
+            slots[i] = None
+        added = []
+        incoming = list(new_requests)
+        if self.preempted and rng.random() < 0.5:
+            incoming.append(self.preempted.pop())
+        for req in incoming:
+            if holes:
+                index = holes.pop(0)
+            elif len(slots) < self.capacity:
+                index = len(slots)
+                slots.append(None)
+            else:
+                break
+            slots[index] = req
+            added.append((index, req.params, req.prompt, req.output))
+        filled = {a[0] for a in added}
+        removed = [i for i in removed if i not in filled]
+        moved = []
+        # Condense: move the last request into each remaining hole.
+        while None in slots:
+            hole = slots.index(None)
+            while slots and slots[-1] is None:
+                slots.pop()
+            if hole >= len(slots):
+                break
+            last = len(slots) - 1
+            slots[hole] = slots.pop()
+            moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
+        for _ in range(rng.randint(0, 2)):
+            if len(slots) >= 2:
+                a, b = rng.sample(range(len(slots)), 2)
+                slots[a], slots[b] = slots[b], slots[a]
+                moved.append((a, b, MoveDirectionality.SWAP))
+        self.rows = [r for r in slots if r is not None]
+        assert len(self.rows) == len(slots)
+        if not (removed or added or moved):
+            return None
+        return BatchUpdate(batch_size=len(self.rows), removed=removed, added=added, moved=moved)
+
+
+def v2_context(slot_of_request: list[int], drafts: list[int]) -> tuple[SimpleNamespace, list[int]]:
+    """A V2 ``LogitsContext``: request ``i`` owns ``1 + drafts[i]`` consecutive logits rows."""
+    expanded = [s for s, d in zip(slot_of_request, drafts, strict=True) for _ in range(1 + d)]
+    ctx = SimpleNamespace(
+        idx_mapping=torch.tensor(slot_of_request, dtype=torch.int64),
+        idx_mapping_np=np.array(slot_of_request, dtype=np.int64),
+        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int64),
+    )
+    return ctx, expanded
