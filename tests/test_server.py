@@ -1,0 +1,84 @@
+"""The OpenAI-compatible server started by our launcher, driven by the `openai` client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from constrained import Options
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def complete(client: openai.OpenAI, xargs: dict | None = None, **kwargs):
+    body = {"vllm_xargs": xargs} if xargs is not None else None
+    kwargs = {"max_tokens": 8, "temperature": 1.0, "seed": 0, **kwargs}
+    return client.completions.create(model="tiny", prompt="Hello", extra_body=body, **kwargs)
+
+
+def test_logit_bias_as_json_string_in_vllm_xargs(client):
+    xargs = Options(logit_bias={11: 100.0}).to_vllm_xargs()
+    assert isinstance(xargs["logit_bias"], str)
+    out = complete(client, xargs, max_tokens=6)
+    assert out.choices[0].text == "," * 6
+
+
+def test_chat_with_min_p_one_equals_greedy(client):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    greedy = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0.0
+    )
+    min_p = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=10,
+        temperature=1.0,
+        seed=4,
+        extra_body={"vllm_xargs": {"min_p": 1.0}},
+    )
+    assert min_p.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_our_options_match_the_servers_builtin_ones(client):
+    bias = {"11": 4.0, "13": 6.0, "220": -3.0}
+    builtin = complete(client, None, max_tokens=16, logit_bias=bias)
+    ours = complete(client, {"logit_bias": json.dumps(bias)}, max_tokens=16)
+    assert ours.choices[0].text == builtin.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("xargs", "field"),
+    [
+        ({"min_p": 2.0}, "min_p"),
+        ({"min_p": "high"}, "min_p"),
+        ({"logit_bias": "{not json"}, "logit_bias"),
+        ({"logit_bias": '{"999999999": 1}'}, "logit_bias"),
+        ({"logit_bias": '{"5": "strong"}'}, "logit_bias"),
+        ({"min_pp": 0.1}, "min_pp"),
+    ],
+)
+def test_bad_options_get_400_naming_the_field_then_good_requests_succeed(client, xargs, field):
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, xargs)
+    assert info.value.status_code == 400
+    assert f"'{field}'" in str(info.value)
+    assert complete(client, {"min_p": 0.1}).choices[0].text is not None
+
+
+def test_builtin_twin_is_refused_over_http(server):
+    body = {
+        "model": "tiny",
+        "prompt": "Hi",
+        "max_tokens": 4,
+        "min_p": 0.2,
+        "vllm_xargs": {"min_p": 0.2},
+    }
+    resp = httpx.post(server + "/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 400
+    assert "'min_p'" in resp.text and "built-in" in resp.text
