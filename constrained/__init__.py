@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 # In application order: pre-temperature processors first, then min-p (post-temperature on V1).
 LOGITS_PROCESSORS: list[str] = [
     "constrained.processors.logit_bias:LogitBiasProcessor",
+    "constrained.processors.penalties:PenaltiesProcessor",
     "constrained.processors.min_p:MinPProcessor",
 ]
 

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -38,6 +38,9 @@ VLLM_EXTRA_ARGS_KEYS = frozenset(
 ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
 
 LOGIT_BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0  # OpenAI's range for frequency and presence penalties
+MAX_PENALTY_WINDOW = 32_767
+PenaltyScope = Literal["default", "output", "prompt_and_output"]
 Number = Annotated[StrictFloat | StrictInt, Field()]
 
 
@@ -62,12 +65,26 @@ class Options(BaseModel):
         logit_bias: token id -> additive bias in [-100, 100], added to the raw logits
             (``logits[id] += bias``), at the point where vLLM adds its own ``logit_bias``.
         min_p: in [0, 1]; after temperature, drop tokens with ``p < min_p * p_max``.
+        repetition_penalty: > 0 (1 = off); for tokens seen, positive logits are divided by it
+            and non-positive ones multiplied.
+        frequency_penalty: in [-2, 2]; ``logit -= frequency_penalty * count``.
+        presence_penalty: in [-2, 2]; ``logit -= presence_penalty * (count > 0)``.
+        penalty_last_n: 0 (default) counts the whole sequence; n > 0 counts only the last n
+            tokens of prompt + output, as llama.cpp's ``repeat_last_n``.
+        penalty_scope: which tokens the penalties count. ``default`` is vLLM's: repetition
+            over prompt and output, frequency and presence over output. ``output``: all three
+            over output only. ``prompt_and_output``: all three over prompt and output.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     logit_bias: dict[int, Number] | None = None
     min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
+    penalty_last_n: StrictInt | None = None
+    penalty_scope: PenaltyScope | None = None
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -101,6 +118,33 @@ class Options(BaseModel):
         value = _finite(value, "min_p")
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"must be in [0, 1], got {value}")
+        return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _check_repetition(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value, "repetition_penalty")
+        if value <= 0:
+            raise ValueError(f"must be > 0 (1 = off), got {value}")
+        return value
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _check_penalty(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value, "penalty")
+        if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+            raise ValueError(f"must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}], got {value}")
+        return value
+
+    @field_validator("penalty_last_n")
+    @classmethod
+    def _check_window(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= MAX_PENALTY_WINDOW:
+            raise ValueError(f"must be in [0, {MAX_PENALTY_WINDOW}] (0 = no window), got {value}")
         return value
 
     # ---- construction ------------------------------------------------------------------
@@ -139,7 +183,14 @@ class Options(BaseModel):
 
     def is_active(self) -> bool:
         """True when some option would change the logits."""
-        return bool(self.logit_bias) or bool(self.min_p)
+        return bool(self.logit_bias) or bool(self.min_p) or self.has_penalties()
+
+    def has_penalties(self) -> bool:
+        return (
+            (self.repetition_penalty is not None and self.repetition_penalty != 1.0)
+            or bool(self.frequency_penalty)
+            or bool(self.presence_penalty)
+        )
 
     def to_extra_args(self) -> dict[str, Any]:
         """The dict for ``SamplingParams(extra_args=...)`` (options left unset are omitted)."""
@@ -205,6 +256,9 @@ def _option_error(exc: ValidationError) -> OptionError:
 _BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
     "logit_bias": ("logit_bias", lambda value: bool(value)),
     "min_p": ("min_p", lambda value: bool(value)),
+    "repetition_penalty": ("repetition_penalty", lambda value: value not in (None, 1.0)),
+    "frequency_penalty": ("frequency_penalty", lambda value: bool(value)),
+    "presence_penalty": ("presence_penalty", lambda value: bool(value)),
 }
 
 

@@ -26,11 +26,45 @@ def fake_vllm_config(max_num_seqs: int, vocab_size: int) -> SimpleNamespace:
     )
 
 
-def fake_req_states(max_num_reqs: int, vocab_size: int) -> SimpleNamespace:
-    """The fields of V2's ``LogitsProcRequestState`` our constructors read."""
-    return SimpleNamespace(
-        device=torch.device("cpu"), max_num_reqs=max_num_reqs, vocab_size=vocab_size
-    )
+def _uva(values: np.ndarray) -> SimpleNamespace:
+    """A host array with a device view, like vLLM's ``UvaBackedTensor`` (.np / .gpu)."""
+    return SimpleNamespace(np=values, gpu=torch.from_numpy(values))
+
+
+class FakeReqStates(SimpleNamespace):
+    """V2's ``LogitsProcRequestState``: token history per slot, as the model runner keeps it."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, max_model_len: int = 512) -> None:
+        super().__init__(
+            device=torch.device("cpu"),
+            max_num_reqs=max_num_reqs,
+            vocab_size=vocab_size,
+            all_token_ids=SimpleNamespace(
+                gpu=torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32)
+            ),
+            prompt_len=_uva(np.zeros(max_num_reqs, dtype=np.int32)),
+            prefill_len=_uva(np.zeros(max_num_reqs, dtype=np.int32)),
+            total_len=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.int32)),
+        )
+
+    def admit(self, slot: int, prompt: list[int], output: list[int]) -> None:
+        """What the runner writes for a new (or resumed) request before our add_request."""
+        tokens = prompt + output
+        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.prompt_len.np[slot] = len(prompt)
+        self.prefill_len.np[slot] = len(tokens)
+        self.total_len.gpu[slot] = len(tokens)
+
+    def commit(self, slot: int, tokens: list[int]) -> None:
+        """Tokens sampled (and accepted) this step, committed after apply."""
+        total = int(self.total_len.gpu[slot])
+        end = total + len(tokens)
+        self.all_token_ids.gpu[slot, total:end] = torch.tensor(tokens, dtype=torch.int32)
+        self.total_len.gpu[slot] = end
+
+
+def fake_req_states(max_num_reqs: int, vocab_size: int) -> FakeReqStates:
+    return FakeReqStates(max_num_reqs, vocab_size)
 
 
 @dataclass
@@ -102,12 +136,24 @@ class V1Batch:
         return BatchUpdate(batch_size=len(self.rows), removed=removed, added=added, moved=moved)
 
 
-def v2_context(slot_of_request: list[int], drafts: list[int]) -> tuple[SimpleNamespace, list[int]]:
-    """A V2 ``LogitsContext``: request ``i`` owns ``1 + drafts[i]`` consecutive logits rows."""
-    expanded = [s for s, d in zip(slot_of_request, drafts, strict=True) for _ in range(1 + d)]
+def v2_context(
+    slot_of_request: list[int], draft_tokens: list[list[int]], last_tokens: list[int]
+) -> tuple[SimpleNamespace, list[int], list[int]]:
+    """A V2 ``LogitsContext``: request ``i`` owns ``1 + len(draft_tokens[i])`` consecutive
+    rows; row 0 is fed its last committed token, row ``k`` its draft ``k - 1``.
+
+    Returns the context, the slot of each row, and each row's local position."""
+    expanded, local, input_ids = [], [], []
+    for slot, drafts, last in zip(slot_of_request, draft_tokens, last_tokens, strict=True):
+        for k, token in enumerate([last, *drafts]):
+            expanded.append(slot)
+            local.append(k)
+            input_ids.append(token)
     ctx = SimpleNamespace(
-        idx_mapping=torch.tensor(slot_of_request, dtype=torch.int64),
-        idx_mapping_np=np.array(slot_of_request, dtype=np.int64),
-        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int64),
+        idx_mapping=torch.tensor(slot_of_request, dtype=torch.int32),
+        idx_mapping_np=np.array(slot_of_request, dtype=np.int32),
+        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
+        expanded_local_pos=torch.tensor(local, dtype=torch.int32),
+        input_ids=torch.tensor(input_ids, dtype=torch.int32),
     )
-    return ctx, expanded
+    return ctx, expanded, local

@@ -236,3 +236,93 @@ def test_option_and_builtin_twin_together_are_refused(llm):
         with pytest.raises(VLLMValidationError, match=f"'{field}'.*built-in") as info:
             llm.generate(["hi"], params, use_tqdm=False)
         assert isinstance(info.value.__cause__, OptionError)
+
+
+PENALTIES = [
+    {"repetition_penalty": 1.3},
+    {"frequency_penalty": 0.8},
+    {"presence_penalty": 1.5},
+    {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+    {"repetition_penalty": 0.8, "frequency_penalty": -0.5, "presence_penalty": -1.0},
+    {"repetition_penalty": 2.0, "presence_penalty": 2.0},
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_penalties_equal_vllm_builtins(llm, temperature):
+    """Default scope = vLLM's built-in penalties: same tokens, greedy and seeded, and in a
+    batch that mixes built-in, ours and plain requests."""
+
+    def params(values: dict, ours: bool, seed: int) -> SamplingParams:
+        common = dict(temperature=temperature, seed=seed, max_tokens=32, ignore_eos=True)
+        return (
+            SamplingParams(**common, extra_args=values)
+            if ours
+            else SamplingParams(**common, **values)
+        )
+
+    builtin = [params(v, False, 10 + i) for i, v in enumerate(PENALTIES)]
+    ours = [params(v, True, 10 + i) for i, v in enumerate(PENALTIES)]
+    expected = token_ids(llm.generate(PROMPTS, builtin, use_tqdm=False))
+    assert token_ids(llm.generate(PROMPTS, ours, use_tqdm=False)) == expected
+    plain = [SamplingParams(temperature=temperature, seed=3, max_tokens=32)] * 3
+    mixed = token_ids(
+        llm.generate(PROMPTS + PROMPTS + PROMPTS[:3], ours + builtin + plain, use_tqdm=False)
+    )
+    assert mixed[:6] == mixed[6:12] == expected
+    # The penalties really act: greedy without them repeats itself on this model.
+    if temperature == 0.0:
+        greedy = token_ids(
+            llm.generate(
+                PROMPTS,
+                SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+                use_tqdm=False,
+            )
+        )
+        assert greedy != expected
+
+
+def test_windowed_repetition_penalty_allows_repeats_after_the_window(llm):
+    """With a strong penalty on every token seen, greedy decoding cannot repeat a token while
+    it is inside the window, and can once it has left it."""
+    window = 4
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=40,
+        ignore_eos=True,
+        extra_args={
+            "presence_penalty": 2.0,
+            "frequency_penalty": 2.0,
+            "repetition_penalty": 2.0,
+            "penalty_last_n": window,
+            "penalty_scope": "output",
+        },
+    )
+    for ids in token_ids(llm.generate(PROMPTS, params, use_tqdm=False)):
+        # Penalties of 2 on logits spread over ~1 unit: a token never repeats within the window.
+        assert all(ids[i] not in ids[max(0, i - (window - 1)) : i] for i in range(len(ids)))
+        assert len(set(ids)) < len(ids)  # ...but does come back after leaving it
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "field"),
+    [
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": -1.0}, "repetition_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": float("inf")}, "presence_penalty"),
+        ({"penalty_last_n": -1}, "penalty_last_n"),
+        ({"penalty_last_n": 1.5}, "penalty_last_n"),
+        ({"penalty_scope": "prompt"}, "penalty_scope"),
+    ],
+)
+def test_bad_penalty_options_are_refused(llm, extra_args, field):
+    with pytest.raises(VLLMValidationError, match=f"'{field}'"):
+        llm.generate(["hi"], SamplingParams(max_tokens=2, extra_args=extra_args), use_tqdm=False)
+
+
+@pytest.mark.parametrize("field", ["repetition_penalty", "frequency_penalty", "presence_penalty"])
+def test_penalty_and_its_builtin_twin_are_refused(llm, field):
+    params = SamplingParams(max_tokens=2, extra_args={field: 1.5}, **{field: 1.2})
+    with pytest.raises(VLLMValidationError, match=f"'{field}'.*built-in"):
+        llm.generate(["hi"], params, use_tqdm=False)

@@ -2,5 +2,6 @@
 
 from constrained.processors.logit_bias import LogitBiasProcessor
 from constrained.processors.min_p import MinPProcessor
+from constrained.processors.penalties import PenaltiesProcessor
 
-__all__ = ["LogitBiasProcessor", "MinPProcessor"]
+__all__ = ["LogitBiasProcessor", "MinPProcessor", "PenaltiesProcessor"]

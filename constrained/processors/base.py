@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
 
+# V1's (prompt_ids, output_ids) for an added request; None under V2.
+Tokens = tuple[Sequence[int], list[int]] | None
+
 
 class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     """Shared adapter: routes both interfaces to slot-level hooks over a ``SlotTable``.
@@ -55,7 +59,9 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
             (req_states,) = runner_args
             device, capacity = req_states.device, req_states.max_num_reqs
             self.logits_width = req_states.vocab_size
+            self.req_states = req_states
             self.runner = "v2"
+        self.vllm_config = vllm_config
         self.slots = SlotTable(capacity, device, self.columns())
         self.slots.flush()
 
@@ -67,12 +73,23 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
         """The per-slot columns this processor keeps (see ``SlotTable``)."""
 
     @abstractmethod
-    def fill_slot(self, slot: int, options: Options, params: SamplingParams) -> bool:
-        """Write the slot's row for a request; return False when nothing applies to it."""
+    def fill_slot(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> bool:
+        """Write the slot's row for a request; return False when nothing applies to it.
+
+        ``tokens`` is V1's ``(prompt_ids, output_ids)`` (the output list grows in place), or
+        ``None`` under V2, where token history lives on the device in ``req_states``.
+        """
 
     @abstractmethod
-    def apply_rows(self, logits: torch.Tensor, row_slots: torch.Tensor | None) -> torch.Tensor:
-        """Edit ``logits`` in place; ``row_slots`` maps rows to slots (``None``: identity)."""
+    def apply_rows(
+        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
+    ) -> torch.Tensor:
+        """Edit ``logits`` in place; ``row_slots`` maps rows to slots (``None``: identity).
+
+        ``ctx`` is V2's ``LogitsContext`` (``None`` under V1).
+        """
 
     # ---- admission (frontend process) --------------------------------------------------
 
@@ -82,14 +99,14 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     # ---- shared slot bookkeeping -------------------------------------------------------
 
-    def _add(self, slot: int, params: SamplingParams) -> bool:
+    def _add(self, slot: int, params: SamplingParams, tokens: Tokens = None) -> bool:
         try:
             options = options_from_params(params, logits_width=self.logits_width)
         except OptionError as exc:
             # Admission refuses these; raising here would take the whole engine down.
             logger.error("%s; request admitted without validation, options not applied", exc)
             options = None
-        if options is None or not self.fill_slot(slot, options, params):
+        if options is None or not self.fill_slot(slot, options, params, tokens):
             self.slots.clear(slot)
             return False
         return True
@@ -101,8 +118,8 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
             return
         for slot in batch_update.removed:
             self.slots.clear(slot)
-        for slot, params, _prompt_ids, _output_ids in batch_update.added:
-            self._add(slot, params)
+        for slot, params, prompt_ids, output_ids in batch_update.added:
+            self._add(slot, params, (prompt_ids or [], output_ids))
         for src, dst, direction in batch_update.moved:
             if direction == MoveDirectionality.SWAP:
                 self.slots.swap(src, dst)
@@ -128,7 +145,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
         # V2: skip on the host when no request of this step uses us (no device sync).
         if not self.slots.any_active(ctx.idx_mapping_np):
             return logits
-        return self.apply_rows(logits, ctx.expanded_idx_mapping)
+        return self.apply_rows(logits, ctx.expanded_idx_mapping, ctx)
 
 
 def _frontend_logits_width() -> int | None:

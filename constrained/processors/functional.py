@@ -52,3 +52,78 @@ def apply_min_p(logits: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
     """
     threshold = logits.amax(dim=-1, keepdim=True).add_(log_min_p.unsqueeze(1))
     return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_counts: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+) -> torch.Tensor:
+    """Repetition, frequency and presence penalties, with vLLM's exact float32 arithmetic.
+
+    For a token counted ``o`` times in the output and ``q`` times in the prompt:
+    ``l *= (1 / r if l > 0 else r) if o + q > 0``, then ``l -= f * o``, then
+    ``l -= p * (o > 0)``. The same ops in the same order as vLLM's ``apply_penalties``, so the
+    results are bit-identical. Tokens with no counts are unchanged bit for bit.
+
+    Works dense (``logits`` [rows, vocab], counts per vocab entry) or sparse (``logits`` the
+    gathered values of the tokens a row has seen, counts aligned with them).
+
+    Args:
+        logits: [rows, n] float32, edited in place.
+        output_counts, prompt_counts: [rows, n] integer counts.
+        repetition, frequency, presence: [rows] float32 (1, 0, 0 leave a row unchanged).
+
+    Example::
+
+        >>> l = torch.tensor([[2.0, -2.0, 1.0]])
+        >>> apply_penalties(l, torch.tensor([[1, 0, 0]]), torch.tensor([[0, 1, 0]]),
+        ...                 torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25]))
+        tensor([[ 0.2500, -4.0000,  1.0000]])
+    """
+    seen = (output_counts + prompt_counts) > 0
+    penalties = torch.where(seen, repetition.unsqueeze(1), 1.0)
+    logits *= torch.where(logits > 0, 1.0 / penalties, penalties)
+    logits -= frequency.unsqueeze(1) * output_counts
+    logits -= presence.unsqueeze(1) * (output_counts > 0)
+    return logits
+
+
+def apply_sparse_penalties(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_counts: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+) -> torch.Tensor:
+    """``apply_penalties`` on the tokens each row has seen only: gather, penalize, scatter.
+
+    Untouched tokens would be unchanged anyway, so this costs O(rows x seen) instead of
+    O(rows x vocab). Padding entries must repeat one of the row's real (token, counts)
+    entries (or point anywhere with zero counts in a row that has none), so that duplicate
+    scatter targets all receive the same value.
+
+    Args:
+        logits: [rows, vocab] float32, edited in place.
+        token_ids: [rows, K] int64, the tokens counted per row.
+        output_counts, prompt_counts: [rows, K] counts aligned with ``token_ids``.
+        repetition, frequency, presence: [rows] float32.
+    """
+    values = logits.gather(1, token_ids)
+    apply_penalties(values, output_counts, prompt_counts, repetition, frequency, presence)
+    return logits.scatter_(1, token_ids, values)
+
+
+def pad_like_first(table: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Replace entries at or past ``used[row]`` with the row's first entry.
+
+    Args:
+        table: [rows, K]; used: [rows] number of real entries per row.
+    """
+    columns = torch.arange(table.shape[1], device=table.device)
+    return torch.where(columns < used.unsqueeze(1), table, table[:, :1])

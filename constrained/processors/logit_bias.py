@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from constrained.options import Options
-from constrained.processors.base import DualInterfaceProcessor
+from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.functional import NEUTRAL_BIAS, apply_logit_bias
 from constrained.processors.slots import Column
 
@@ -37,7 +37,9 @@ class LogitBiasProcessor(DualInterfaceProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
-    def fill_slot(self, slot: int, options: Options, params: SamplingParams) -> bool:
+    def fill_slot(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> bool:
         if not options.logit_bias:
             return False
         self.slots.write(
@@ -47,7 +49,9 @@ class LogitBiasProcessor(DualInterfaceProcessor):
         )
         return True
 
-    def apply_rows(self, logits: torch.Tensor, row_slots: torch.Tensor | None) -> torch.Tensor:
+    def apply_rows(
+        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
+    ) -> torch.Tensor:
         num_rows = logits.shape[0]
         token_ids = self.slots.rows("token_ids", row_slots, num_rows)
         biases = self.slots.rows("biases", row_slots, num_rows)

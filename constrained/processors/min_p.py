@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from constrained.options import Options
-from constrained.processors.base import DualInterfaceProcessor
+from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.functional import apply_min_p
 from constrained.processors.slots import Column
 
@@ -42,13 +42,17 @@ class MinPProcessor(DualInterfaceProcessor):
     def is_argmax_invariant(self) -> bool:
         return True
 
-    def fill_slot(self, slot: int, options: Options, params: SamplingParams) -> bool:
+    def fill_slot(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> bool:
         if not options.min_p or params.temperature < GREEDY_TEMPERATURE:
             return False
         scale = 1.0 if self.runner == "v1" else params.temperature
         self.slots.write(slot, log_min_p=scale * math.log(options.min_p))
         return True
 
-    def apply_rows(self, logits: torch.Tensor, row_slots: torch.Tensor | None) -> torch.Tensor:
+    def apply_rows(
+        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
+    ) -> torch.Tensor:
         log_min_p = self.slots.rows("log_min_p", row_slots, logits.shape[0])
         return apply_min_p(logits, log_min_p)

@@ -10,6 +10,7 @@ copy per step, only when something changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,8 @@ class SlotTable:
             name: self._empty(col) for name, col in columns.items()
         }
         self.active = np.zeros(capacity, dtype=bool)
+        # Host-only per-slot objects (e.g. a request's token history), moved with their rows.
+        self.payload: list[Any] = [None] * capacity
         self._device_copy: dict[str, torch.Tensor] = {}
         self._dirty = True
 
@@ -59,37 +62,66 @@ class SlotTable:
                 table[slot] = value
                 continue
             value = torch.as_tensor(value, dtype=col.dtype)
-            if value.numel() > table.shape[1]:
-                table = self._grow(name, value.numel())
-            table[slot, : value.numel()] = value
+            self._ensure_width(value.numel())
+            self.host[name][slot, : value.numel()] = value
         self.active[slot] = True
 
     def clear(self, slot: int) -> None:
         for name, col in self.columns.items():
             self.host[name][slot] = col.fill
         self.active[slot] = False
+        self.payload[slot] = None
         self._dirty = True
 
     def move(self, src: int, dst: int) -> None:
         for table in self.host.values():
             table[dst] = table[src]
         self.active[dst] = self.active[src]
+        payload = self.payload[src]
         self.clear(src)
+        self.payload[dst] = payload
 
     def swap(self, a: int, b: int) -> None:
         idx = torch.tensor([a, b])
         for table in self.host.values():
             table[idx] = table[idx.flip(0)]
         self.active[[a, b]] = self.active[[b, a]]
+        self.payload[a], self.payload[b] = self.payload[b], self.payload[a]
         self._dirty = True
 
-    def _grow(self, name: str, width: int) -> torch.Tensor:
-        # Double to keep regrowth rare; padding keeps the column's neutral fill value.
-        old = self.host[name]
-        new = self._empty(self.columns[name], max(width, 2 * old.shape[1]))
-        new[:, : old.shape[1]] = old
-        self.host[name] = new
-        return new
+    def scatter(
+        self, name: str, slots: list[int], cols: list[int], values: list[int], add: bool
+    ) -> None:
+        """Batched element writes into a growable column: ``table[slot, col] (+)= value``."""
+        if not slots:
+            return
+        self._ensure_width(max(cols) + 1)
+        table = self.host[name]
+        index = (torch.tensor(slots), torch.tensor(cols))
+        table.index_put_(index, torch.tensor(values, dtype=table.dtype), accumulate=add)
+        self._dirty = True
+
+    def assign(self, name: str, slots: list[int], values: list[int | float]) -> None:
+        """Batched writes into a one-value-per-slot column: ``table[slot] = value``."""
+        if slots:
+            table = self.host[name]
+            table[torch.tensor(slots)] = torch.tensor(values, dtype=table.dtype)
+            self._dirty = True
+
+    def width(self) -> int:
+        """Current width of the growable columns (they grow together)."""
+        return next(t.shape[1] for t in self.host.values() if t.dim() == 2)
+
+    def _ensure_width(self, width: int) -> None:
+        # Double to keep regrowth rare; new cells hold each column's neutral fill value.
+        for name, col in self.columns.items():
+            old = self.host[name]
+            if col.width is None or width <= old.shape[1]:
+                continue
+            new = self._empty(col, max(width, 2 * old.shape[1]))
+            new[:, : old.shape[1]] = old
+            self.host[name] = new
+            self._dirty = True
 
     # ---- device side -------------------------------------------------------------------
 

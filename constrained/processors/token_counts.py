@@ -1,0 +1,100 @@
+"""Incremental per-request token counts for the penalties, kept on the host (Model Runner V1).
+
+Under V1 a request's prompt and output are host lists (vLLM appends to the output list in
+place), so each step only the newly appended tokens are read: each adds one count, and with a
+window of n tokens the token that falls out of the window removes one. Counts live in a sparse
+row per request, one column per distinct token seen, so applying the penalties touches only
+those columns instead of the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from constrained.options import Options
+
+# Where a prompt token's count goes, per ``penalty_scope``.
+PROMPT_TARGET = {"default": "prompt_counts", "output": None, "prompt_and_output": "output_counts"}
+
+
+@dataclass
+class PendingWrites:
+    """Element writes gathered across rows, applied as one batched op per column."""
+
+    new_ids: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))
+    deltas: dict[str, tuple[list[int], list[int], list[int]]] = field(
+        default_factory=lambda: {"output_counts": ([], [], []), "prompt_counts": ([], [], [])}
+    )
+    used: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+
+
+@dataclass
+class TokenHistory:
+    """One request's counted tokens: a column per distinct token, updated as tokens arrive."""
+
+    prompt: Sequence[int]
+    output: list[int]  # vLLM's live list: it grows in place every step
+    window: int  # 0 = the whole sequence
+    prompt_target: str | None
+    columns: dict[int, int] = field(default_factory=dict)  # token id -> column
+    counted: int = 0  # output tokens already counted
+
+    @classmethod
+    def start(
+        cls, options: Options, prompt: Sequence[int] | None, output: list[int]
+    ) -> TokenHistory:
+        return cls(
+            prompt=prompt or (),
+            output=output,
+            window=options.penalty_last_n or 0,
+            prompt_target=PROMPT_TARGET[options.penalty_scope or "default"],
+        )
+
+    def token_at(self, position: int) -> int:
+        n_prompt = len(self.prompt)
+        return self.prompt[position] if position < n_prompt else self.output[position - n_prompt]
+
+    def _count(self, slot: int, position: int, delta: int, writes: PendingWrites) -> None:
+        target = self.prompt_target if position < len(self.prompt) else "output_counts"
+        if target is None:
+            return
+        token = self.token_at(position)
+        column = self.columns.get(token)
+        if column is None:
+            column = self.columns[token] = len(self.columns)
+            for lst, value in zip(writes.new_ids, (slot, column, token), strict=True):
+                lst.append(value)
+        slots, cols, values = writes.deltas[target]
+        slots.append(slot)
+        cols.append(column)
+        values.append(delta)
+
+    def _ready(self) -> int:
+        """Output tokens available to count (GPU async scheduling leaves -1 placeholders)."""
+        n = len(self.output)
+        if n > self.counted and self.output[n - 1] < 0:
+            n = self.counted
+            while n < len(self.output) and self.output[n] >= 0:
+                n += 1
+        return n
+
+    def catch_up(self, slot: int, writes: PendingWrites) -> None:
+        """Count every token that arrived since the last call (all of them the first time)."""
+        ready = self._ready()
+        n_prompt = len(self.prompt)
+        n_columns = len(self.columns)
+        if self.counted == 0 and not self.columns:  # first call: the window over the prefix
+            end = n_prompt + ready
+            start = max(0, end - self.window) if self.window else 0
+            for position in range(start, end):
+                self._count(slot, position, 1, writes)
+        else:
+            for position in range(n_prompt + self.counted, n_prompt + ready):
+                self._count(slot, position, 1, writes)
+                if self.window and position >= self.window:
+                    self._count(slot, position - self.window, -1, writes)
+        if len(self.columns) != n_columns:
+            writes.used[0].append(slot)
+            writes.used[1].append(len(self.columns))
+        self.counted = ready
