@@ -262,12 +262,33 @@ _BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
 }
 
 
+# vLLM validates (and adds) a request once per registered processor class, back to back, with
+# the same params object: remember the last answer so it is parsed once.
+_last: tuple[Any, int | None, Options | OptionError | None] | None = None
+
+
 def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
     """Parse and check a request's ``SamplingParams``: our options, refusing double application.
 
     Raises:
         OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
     """
+    global _last
+    last = _last
+    if last is not None and last[0] is params and last[1] == logits_width:
+        result = last[2]
+    else:
+        try:
+            result = _parse_params(params, logits_width)
+        except OptionError as exc:
+            result = exc
+        _last = (params, logits_width, result)
+    if isinstance(result, OptionError):
+        raise result
+    return result
+
+
+def _parse_params(params: Any, logits_width: int | None) -> Options | None:
     options = Options.from_extra_args(
         getattr(params, "extra_args", None), logits_width=logits_width
     )
