@@ -52,7 +52,7 @@ class OptionError(ValueError):
         super().__init__(f"constrained: invalid option '{field}': {message}")
 
 
-def _finite(value: float, field: str) -> float:
+def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError(f"must be a finite number, got {value}")
     return float(value)
@@ -101,7 +101,7 @@ class Options(BaseModel):
             token_id = _token_id(key)
             if isinstance(bias, bool) or not isinstance(bias, int | float):
                 raise ValueError(f"bias for token {key!r} must be a number, got {bias!r}")
-            bias = _finite(bias, "logit_bias")
+            bias = _finite(bias)
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise ValueError(
                     f"bias for token {token_id} is {bias}, outside "
@@ -115,7 +115,7 @@ class Options(BaseModel):
     def _check_min_p(cls, value: float | None) -> float | None:
         if value is None:
             return None
-        value = _finite(value, "min_p")
+        value = _finite(value)
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"must be in [0, 1], got {value}")
         return value
@@ -125,7 +125,7 @@ class Options(BaseModel):
     def _check_repetition(cls, value: float | None) -> float | None:
         if value is None:
             return None
-        value = _finite(value, "repetition_penalty")
+        value = _finite(value)
         if value <= 0:
             raise ValueError(f"must be > 0 (1 = off), got {value}")
         return value
@@ -135,7 +135,7 @@ class Options(BaseModel):
     def _check_penalty(cls, value: float | None) -> float | None:
         if value is None:
             return None
-        value = _finite(value, "penalty")
+        value = _finite(value)
         if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
             raise ValueError(f"must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}], got {value}")
         return value

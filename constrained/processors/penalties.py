@@ -119,7 +119,10 @@ class PenaltiesProcessor(DualInterfaceProcessor):
             return self._apply_dense(logits, ctx)
         num_rows = logits.shape[0]
         self._catch_up(np.flatnonzero(self.slots.active[:num_rows]))
-        rows = lambda name: self.slots.rows(name, row_slots, num_rows)  # noqa: E731
+
+        def rows(name: str) -> torch.Tensor:
+            return self.slots.rows(name, row_slots, num_rows)
+
         used = rows("used")
         return apply_sparse_penalties(
             logits,
