@@ -36,15 +36,21 @@ def main(model: str | None = None) -> None:
     tokenizer = llm.get_tokenizer()
     comma = tokenizer.encode(",")[0]
 
-    runs = {
-        "no options": None,
-        f"logit_bias {{{comma}: +100}} (token {comma} is ',')": Options(logit_bias={comma: 100.0}),
-        "min_p 0.9": Options(min_p=0.9),
-    }
-    print("\n== constrained demo: 16 tokens per prompt, temperature 1, seed 0 ==")
-    for label, options in runs.items():
+    sampled = dict(temperature=1.0, seed=0, max_tokens=16)
+    greedy = dict(temperature=0.0, max_tokens=16)
+    penalties = Options(presence_penalty=2.0, repetition_penalty=1.5, penalty_last_n=8)
+    runs = [
+        ("sampled, no options", sampled, None),
+        (f"sampled, logit_bias {{{comma}: +100}} (token {comma} is ',')", sampled,
+         Options(logit_bias={comma: 100.0})),
+        ("sampled, min_p 0.9", sampled, Options(min_p=0.9)),
+        ("greedy, no options", greedy, None),
+        ("greedy, presence 2 + repetition 1.5 over the last 8 tokens", greedy, penalties),
+    ]  # fmt: skip
+    print("\n== constrained demo: 16 tokens per prompt ==")
+    for label, base, options in runs:
         extra = options.to_extra_args() if options else None
-        params = SamplingParams(temperature=1.0, seed=0, max_tokens=16, extra_args=extra)
+        params = SamplingParams(**base, extra_args=extra)
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
         print(f"\n-- {label}")
         for out in outputs:
@@ -53,6 +59,7 @@ def main(model: str | None = None) -> None:
             print(f"   {out.prompt!r} -> {out.outputs[0].text!r}")
             print(f"      {len(ids)} tokens, {share:.0%} are ','; distinct tokens: {len(set(ids))}")
     print(
-        "\nlogit_bias +100 makes ',' (nearly) every token; min_p 0.9 keeps only tokens within"
-        " 10% of the most likely one, so sampling becomes (nearly) greedy."
+        "\nlogit_bias +100 makes ',' every token; min_p 0.9 keeps only tokens within 10% of the"
+        " most likely one, so sampling becomes greedy; this random model's greedy output repeats"
+        " itself, and the windowed penalties stop any token from recurring within 8 tokens."
     )
