@@ -119,11 +119,12 @@ def apply_sparse_penalties(
     return logits.scatter_(1, token_ids, values)
 
 
-def pad_like_first(table: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """Replace entries at or past ``used[row]`` with the row's first entry.
+def pad_like_first(used: torch.Tensor, *tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Replace entries at or past ``used[row]`` with the row's first entry, in each table.
 
     Args:
-        table: [rows, K]; used: [rows] number of real entries per row.
+        used: [rows] number of real entries per row.
+        tables: [rows, K] each, aligned column by column.
     """
-    columns = torch.arange(table.shape[1], device=table.device)
-    return torch.where(columns < used.unsqueeze(1), table, table[:, :1])
+    real = torch.arange(tables[0].shape[1], device=used.device) < used.unsqueeze(1)
+    return tuple(torch.where(real, table, table[:, :1]) for table in tables)

@@ -123,12 +123,14 @@ class PenaltiesProcessor(DualInterfaceProcessor):
         def rows(name: str) -> torch.Tensor:
             return self.slots.rows(name, row_slots, num_rows)
 
-        used = rows("used")
+        token_ids, output_counts, prompt_counts = pad_like_first(
+            rows("used"), rows("token_ids"), rows("output_counts"), rows("prompt_counts")
+        )
         return apply_sparse_penalties(
             logits,
-            pad_like_first(rows("token_ids"), used),
-            pad_like_first(rows("output_counts"), used),
-            pad_like_first(rows("prompt_counts"), used),
+            token_ids,
+            output_counts,
+            prompt_counts,
             rows("repetition"),
             rows("frequency"),
             rows("presence"),
