@@ -35,11 +35,6 @@ def prompt_unit(options: Options) -> int:
     return WINDOW_UNIT if options.penalty_last_n else PRESENCE_UNIT
 
 
-def output_mask(unit: int) -> int:
-    """Bit mask that extracts the output part of a packed count."""
-    return unit - 1 if unit > 1 else -1  # -1: every bit is output
-
-
 class DeviceCounts:
     """Dense packed counts for the slots that use penalties, updated on the device."""
 
@@ -105,6 +100,15 @@ class DeviceCounts:
             token = tokens[slots, leaving.clamp(min=0)].long()
             self.counts.index_put_((slots, token), -(gone * weight).int(), accumulate=True)
         self.counted[slots] = torch.where(active, torch.maximum(counted, total), counted)
+
+    def split(
+        self, packed: torch.Tensor, row_slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unpack per-row counts into (output part, prompt part); units > 1 are powers of two,
+        so the output part is the bits below the unit (all bits when the unit is 0 or 1)."""
+        unit = self.unit_dev[row_slots]
+        output = packed & torch.where(unit > 1, unit - 1, -1).to(torch.int32).unsqueeze(1)
+        return output, packed - output
 
     def rows(self, row_slots: torch.Tensor, ctx: Any, num_reqs: int) -> torch.Tensor:
         """Packed counts per logits row; speculative rows also count the drafts before them."""

@@ -100,13 +100,11 @@ class PenaltiesProcessor(DualInterfaceProcessor):
         presence = self.slots.rows("presence", slots, num_reqs)
         counts.catch_up(slots, (repetition != 1) | (frequency != 0) | (presence != 0))
         row_slots = ctx.expanded_idx_mapping.long()
-        packed = counts.rows(row_slots, ctx, num_reqs)
-        unit = counts.unit_dev[row_slots]
-        output = packed & torch.where(unit > 1, unit - 1, -1).to(torch.int32).unsqueeze(1)
+        output, prompt = counts.split(counts.rows(row_slots, ctx, num_reqs), row_slots)
         return apply_penalties(
             logits,
             output,
-            packed - output,
+            prompt,
             self.slots.rows("repetition", row_slots, 0),
             self.slots.rows("frequency", row_slots, 0),
             self.slots.rows("presence", row_slots, 0),

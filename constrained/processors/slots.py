@@ -108,10 +108,6 @@ class SlotTable:
             table[torch.tensor(slots)] = torch.tensor(values, dtype=table.dtype)
             self._dirty = True
 
-    def width(self) -> int:
-        """Current width of the growable columns (they grow together)."""
-        return next(t.shape[1] for t in self.host.values() if t.dim() == 2)
-
     def _ensure_width(self, width: int) -> None:
         # Double to keep regrowth rare; new cells hold each column's neutral fill value.
         for name, col in self.columns.items():
