@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 LOGITS_PROCESSORS: list[str] = [
     "constrained.processors.logit_bias:LogitBiasProcessor",
     "constrained.processors.penalties:PenaltiesProcessor",
+    "constrained.processors.grammar_mask:GrammarMaskProcessor",
     "constrained.processors.min_p:MinPProcessor",
 ]
 

@@ -41,6 +41,10 @@ LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0  # OpenAI's range for frequency and presence penalties
 MAX_PENALTY_WINDOW = 32_767
 PenaltyScope = Literal["default", "output", "prompt_and_output"]
+GrammarBackend = Literal["auto", "llguidance", "xgrammar", "outlines"]
+Whitespace = Literal["compact", "flexible"]
+MAX_WHITESPACE_LIMIT = 16
+GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")
 Number = Annotated[StrictFloat | StrictInt, Field()]
 
 
@@ -74,6 +78,17 @@ class Options(BaseModel):
         penalty_scope: which tokens the penalties count. ``default`` is vLLM's: repetition
             over prompt and output, frequency and presence over output. ``output``: all three
             over output only. ``prompt_and_output``: all three over prompt and output.
+        json_schema: the output must be JSON valid against this schema (a JSON string, a
+            dict, or offline a pydantic model class).
+        regex: the output must match this regular expression in full.
+        grammar: the output must match this grammar (GBNF ``root ::= ...``; Lark with
+            llguidance). At most one of ``json_schema``, ``regex`` and ``grammar``.
+        grammar_backend: ``auto`` (default: the first of llguidance, xgrammar, outlines that
+            enforces every keyword used), or one of them by name.
+        whitespace: JSON only. ``compact`` (default): no whitespace between tokens.
+            ``flexible``: up to ``max_whitespace`` spaces, tabs or newlines after each ``,``
+            and ``:``.
+        max_whitespace: JSON with ``whitespace="flexible"`` only, in [0, 16], default 2.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -85,6 +100,31 @@ class Options(BaseModel):
     presence_penalty: Number | None = None
     penalty_last_n: StrictInt | None = None
     penalty_scope: PenaltyScope | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    grammar_backend: GrammarBackend | None = None
+    whitespace: Whitespace | None = None
+    max_whitespace: StrictInt | None = None
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _parse_schema(cls, value: Any) -> Any:
+        return schema_text(value)
+
+    @field_validator("regex", "grammar")
+    @classmethod
+    def _check_text(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("max_whitespace")
+    @classmethod
+    def _check_max_whitespace(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= MAX_WHITESPACE_LIMIT:
+            raise ValueError(f"must be in [0, {MAX_WHITESPACE_LIMIT}], got {value}")
+        return value
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -168,9 +208,37 @@ class Options(BaseModel):
             options = cls.model_validate(ours)
         except ValidationError as exc:
             raise _option_error(exc) from None
+        options.check_grammar_options()
         if logits_width is not None:
             options.check_token_ids(logits_width)
         return options if options.is_active() else None
+
+    def check_grammar_options(self) -> None:
+        """Refuse two constraints at once, and grammar settings that would do nothing."""
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise OptionError(
+                given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
+            )
+        if not given:
+            for name in ("grammar_backend", "whitespace", "max_whitespace"):
+                if getattr(self, name) is not None:
+                    raise OptionError(name, "has no effect without json_schema, regex or grammar")
+            return
+        if given[0] != "json_schema":
+            for name in ("whitespace", "max_whitespace"):
+                if getattr(self, name) is not None:
+                    raise OptionError(name, f"applies to json_schema only, not {given[0]}")
+        if self.max_whitespace is not None and self.whitespace != "flexible":
+            raise OptionError("max_whitespace", 'needs whitespace="flexible"')
+
+    def constraint(self) -> tuple[str, str] | None:
+        """``(field, source)`` of the request's json_schema, regex or grammar, if any."""
+        for name in GRAMMAR_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     def check_token_ids(self, logits_width: int) -> None:
         """Refuse token ids outside ``[0, logits_width)``."""
@@ -183,7 +251,12 @@ class Options(BaseModel):
 
     def is_active(self) -> bool:
         """True when some option would change the logits."""
-        return bool(self.logit_bias) or bool(self.min_p) or self.has_penalties()
+        return (
+            bool(self.logit_bias)
+            or bool(self.min_p)
+            or self.has_penalties()
+            or self.constraint() is not None
+        )
 
     def has_penalties(self) -> bool:
         return (
@@ -202,6 +275,38 @@ class Options(BaseModel):
         if "logit_bias" in out:
             out["logit_bias"] = json.dumps({str(k): v for k, v in out["logit_bias"].items()})
         return out
+
+
+def schema_text(value: Any) -> str | None:
+    """A JSON schema as JSON text, from text, a dict/bool, or a pydantic model class.
+
+    The schema must itself be valid (checked against its draft's meta-schema).
+    """
+    if value is None:
+        return None
+    if isinstance(value, type) and issubclass(value, BaseModel):
+        value = value.model_json_schema()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(value, Mapping | bool):
+        raise ValueError(
+            f"must be a JSON schema (object), JSON text or a pydantic model class, "
+            f"got {type(value).__name__}"
+        )
+    from jsonschema import exceptions, validators
+
+    try:
+        validators.validator_for(value, default=validators.Draft202012Validator).check_schema(value)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ValueError(f"not a valid JSON schema at {where}: {exc.message:.200}") from None
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
 
 
 def _token_id(key: Any) -> int:
@@ -301,4 +406,20 @@ def _parse_params(params: Any, logits_width: int | None) -> Options | None:
                 f"also set as vLLM's built-in '{builtin}' for this request; set only one "
                 "(both would apply it twice)",
             )
+    constraint = options.constraint()
+    if constraint is not None:
+        _refuse_grammar_conflicts(constraint[0], params)
     return options
+
+
+def _refuse_grammar_conflicts(field: str, params: Any) -> None:
+    """Settings that would mask every token a constraint allows (the sampler then picks junk)."""
+    conflicts = {
+        "structured_outputs": "vLLM's own structured outputs constrain the same output",
+        "min_tokens": "it forbids end-of-sequence where the constraint requires it",
+        "allowed_token_ids": "it can forbid every token the constraint allows",
+        "bad_words": "it can forbid every token the constraint allows",
+    }
+    for name, why in conflicts.items():
+        if getattr(params, name, None):
+            raise OptionError(field, f"cannot be combined with vLLM's '{name}': {why}")

@@ -149,11 +149,20 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
 
 def _frontend_logits_width() -> int | None:
-    """The served model's logits width, read from vLLM's input processor on the call stack.
+    """The served model's logits width, from vLLM's input processor on the call stack.
+
+    ``None`` when not found (then the engine-side check refuses out-of-range ids when the
+    request is added).
+    """
+    model_config = _frontend_model_config()
+    return int(model_config.get_vocab_size()) if model_config is not None else None
+
+
+def _frontend_model_config() -> Any:
+    """The served model's ``ModelConfig``, read from vLLM's input processor on the stack.
 
     ``validate_params`` is a classmethod called at admission with only the request's
-    parameters; the width lives on the ``InputProcessor`` that calls it. ``None`` when not
-    found (then the engine-side check refuses out-of-range ids when the request is added).
+    parameters; the model config lives on the ``InputProcessor`` that calls it.
     """
     frame = inspect.currentframe()
     try:
@@ -164,7 +173,7 @@ def _frontend_logits_width() -> int | None:
             owner = frame.f_locals.get("self")
             model_config = getattr(owner, "model_config", None)
             if model_config is not None and hasattr(model_config, "get_vocab_size"):
-                return int(model_config.get_vocab_size())
+                return model_config
         return None
     finally:
         del frame

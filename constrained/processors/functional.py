@@ -128,3 +128,31 @@ def pad_like_first(used: torch.Tensor, *tables: torch.Tensor) -> tuple[torch.Ten
     """
     real = torch.arange(tables[0].shape[1], device=used.device) < used.unsqueeze(1)
     return tuple(torch.where(real, table, table[:, :1]) for table in tables)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set ``logits[r, t] = -inf`` where bit ``t`` of ``bitmask[r]`` is 0, for ``r`` in ``rows``.
+
+    ``bitmask`` is int32 ``[>= max(rows) + 1, ceil(width / 32)]`` on the logits' device, bit
+    ``t % 32`` of word ``t // 32`` set when token ``t`` is allowed. Only lowers logits, so it
+    never raises a token something earlier masked. Uses xgrammar's kernels (C++ on CPU,
+    CUDA/Triton on GPU); the torch fallback unpacks the bits.
+    """
+    if not rows:
+        return
+    if bitmask.shape[1] * 32 < logits.shape[1]:
+        raise ValueError("bitmask narrower than the logits")
+    try:
+        from xgrammar import apply_token_bitmask_inplace
+    except ImportError:  # pragma: no cover - xgrammar ships with vLLM
+        apply_token_bitmask_torch(logits, bitmask, rows)
+        return
+    apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1], indices=rows)
+
+
+def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Reference of ``apply_token_bitmask`` in plain torch ops."""
+    index = torch.tensor(rows, device=logits.device)
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask[index].unsqueeze(-1) >> shifts) & 1).flatten(1)[:, : logits.shape[1]]
+    logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))

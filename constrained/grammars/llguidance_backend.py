@@ -1,0 +1,118 @@
+"""llguidance: JSON schemas, regexes and Lark/GBNF grammars; refuses what it cannot enforce."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from constrained.grammars.errors import GrammarError
+from constrained.grammars.spec import GrammarSpec
+from constrained.grammars.vocab import Vocab
+
+NAME = "llguidance"
+_EXECUTOR: Any = None
+
+
+def grammar_text(spec: GrammarSpec) -> str:
+    """The llguidance grammar for a spec (no tokenizer needed)."""
+    import llguidance
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if spec.kind == "json_schema":
+        if spec.whitespace == "compact":
+            overrides = {"whitespace_flexible": False}
+        else:  # whitespace only after separators, and bounded: never runs away
+            ws = rf"[ \n\t]{{0,{spec.max_whitespace}}}"
+            overrides = {
+                "whitespace_flexible": False,
+                "item_separator": "," + ws,
+                "key_separator": ":" + ws,
+            }
+        try:
+            return LLMatcher.grammar_from_json_schema(spec.source, overrides=overrides)
+        except ValueError as exc:
+            raise GrammarError(NAME, str(exc)) from None
+    if spec.kind == "regex":
+        return LLMatcher.grammar_from_regex(spec.source)
+    try:
+        return llguidance.grammar_from("lark", any_to_lark(spec.source))
+    except Exception as exc:  # the GBNF converter raises its own error types
+        raise GrammarError(NAME, f"grammar does not parse: {exc}") from None
+
+
+class LLGuidanceGrammar:
+    """A checked llguidance grammar; matchers are built from it per request."""
+
+    backend = NAME
+
+    def __init__(self, spec: GrammarSpec, vocab: Vocab) -> None:
+        from llguidance import LLMatcher
+
+        self.vocab = vocab
+        self.text = grammar_text(spec)
+        tokenizer = vocab.llguidance()
+        error = LLMatcher.validate_grammar(self.text, tokenizer)
+        if error:
+            raise GrammarError(NAME, _short(error))
+        # Building the first matcher does the lexer work; a broken grammar shows here too.
+        probe = LLMatcher(tokenizer, self.text, log_level=0)
+        if probe.is_error():
+            raise GrammarError(NAME, _short(probe.get_error()))
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self)
+
+
+class LLGuidanceMatcher:
+    def __init__(self, grammar: LLGuidanceGrammar) -> None:
+        from llguidance import LLMatcher
+
+        self.eos = grammar.vocab.eos_token_id
+        self.inner = LLMatcher(grammar.vocab.llguidance(), grammar.text, log_level=0)
+        self.error: str | None = self.inner.get_error() or None
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        tokens = list(tokens)
+        # llguidance stops by itself when nothing can follow; the EOS sampled then is fine.
+        if tokens and tokens[-1] == self.eos and self.inner.is_stopped():
+            tokens.pop()
+        if self.error is None and tokens and not self.inner.consume_tokens(tokens):
+            self.error = _short(self.inner.get_error()) or "token refused"
+        return self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        if self.error is not None:
+            return 0
+        return self.inner.try_consume_tokens(list(tokens))
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        # A stopped or failed llguidance matcher writes an EOS-only mask by itself.
+        import llguidance.torch
+
+        llguidance.torch.fill_next_token_bitmask(self.inner, bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.inner.rollback(num_tokens)
+
+    @staticmethod
+    def fill_many(pairs: list[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor) -> None:
+        """Fill several rows in llguidance's thread pool, without the GIL."""
+        global _EXECUTOR
+        import llguidance
+        import llguidance.torch
+
+        if _EXECUTOR is None:
+            _EXECUTOR = llguidance.LLExecutor()
+        llguidance.torch.fill_next_token_bitmask_par(
+            _EXECUTOR, [(m.inner, row) for m, row in pairs], bitmask
+        )
+
+
+def _short(message: str) -> str:
+    """llguidance errors can carry a long parser-state dump after the first line."""
+    lines = message.strip().splitlines()
+    return lines[0][:500] if lines else ""

@@ -1,0 +1,133 @@
+"""outlines-core: JSON schemas (through its regex translation) and regexes; no grammars.
+
+outlines-core has crashed the whole process on some schemas while building the regex, so the
+translation runs in a forked child process; the index itself is built here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+from collections.abc import Sequence
+
+import torch
+
+from constrained.grammars.errors import GrammarError
+from constrained.grammars.matcher import fill_only
+from constrained.grammars.spec import GrammarSpec
+from constrained.grammars.vocab import Vocab
+
+NAME = "outlines"
+_TRANSLATE_TIMEOUT_S = 60.0
+
+
+def schema_regex(spec: GrammarSpec) -> str:
+    """outlines-core's regex for a JSON schema, computed in a forked child process.
+
+    ``os.fork`` rather than ``multiprocessing``: vLLM's workers are daemonic processes, which
+    multiprocessing forbids to have children. The child runs one Rust call and exits.
+    """
+    from outlines_core.json_schema import build_regex_from_schema
+
+    whitespace = "" if spec.whitespace == "compact" else rf"[ \n\t]{{0,{spec.max_whitespace}}}"
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        try:
+            reply = {"ok": build_regex_from_schema(spec.source, whitespace)}
+        except BaseException as exc:
+            reply = {"error": str(exc) or type(exc).__name__}
+        with os.fdopen(write_fd, "w") as out:
+            json.dump(reply, out)
+        os._exit(0)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd) as inp:
+            ready, _, _ = select.select([inp], [], [], _TRANSLATE_TIMEOUT_S)
+            if not ready:
+                raise GrammarError(NAME, "translating the schema to a regex timed out")
+            text = inp.read()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if not text:
+        raise GrammarError(NAME, "outlines-core crashed translating the schema")
+    reply = json.loads(text)
+    if "error" in reply:
+        raise GrammarError(NAME, reply["error"].strip().splitlines()[0][:500])
+    return reply["ok"]
+
+
+class OutlinesGrammar:
+    backend = NAME
+
+    def __init__(self, spec: GrammarSpec, vocab: Vocab) -> None:
+        from outlines_core import Index
+
+        if spec.kind == "grammar":
+            raise GrammarError(NAME, "outlines-core supports json_schema and regex, not grammar")
+        regex = schema_regex(spec) if spec.kind == "json_schema" else spec.source
+        self.vocab = vocab
+        try:
+            self.index = Index(regex, vocab.outlines())
+        except Exception as exc:
+            raise GrammarError(NAME, str(exc).strip().splitlines()[0][:500]) from None
+
+    def matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self)
+
+
+class OutlinesMatcher:
+    def __init__(self, grammar: OutlinesGrammar) -> None:
+        from outlines_core import Guide
+
+        self.eos = grammar.vocab.eos_token_id
+        self.inner = Guide(grammar.index)
+        self.error: str | None = None
+        self.finished = False
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        for token in tokens:
+            if self.error is not None:
+                break
+            if int(token) == self.eos and self.inner.is_finished():
+                self.finished = True
+                continue
+            if self.finished:
+                self.error = f"token {token} after the end of the grammar"
+                break
+            try:
+                self.inner.advance(int(token), False)
+            except Exception:  # outlines raises on a token the index does not allow
+                self.error = f"token {token} not allowed by the grammar"
+                break
+        return self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        count = 0
+        for token in tokens:
+            if self.error is not None or self.finished or token == self.eos:
+                break
+            try:
+                self.inner.advance(int(token), False)
+            except Exception:
+                break
+            count += 1
+        return count
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.error is not None or self.finished:
+            fill_only(bitmask, row, [self.eos])
+            return
+        target = bitmask[row]
+        self.inner.write_mask_into(target.data_ptr(), target.numel(), target.element_size())
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.inner.rollback_state(num_tokens)
+            self.finished = False

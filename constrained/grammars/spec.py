@@ -1,0 +1,33 @@
+"""What a request asks its output to match, as one hashable value (also the cache key)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GrammarKind = Literal["json_schema", "regex", "grammar"]
+BackendName = Literal["auto", "llguidance", "xgrammar", "outlines"]
+Whitespace = Literal["compact", "flexible"]
+BACKENDS: tuple[str, ...] = ("llguidance", "xgrammar", "outlines")
+
+DEFAULT_MAX_WHITESPACE = 2  # characters after each ',' / ':' in flexible JSON
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint: its kind, its source text, the backend asked for and JSON whitespace.
+
+    ``source`` is the JSON-schema text, the regex, or the grammar (GBNF ``root ::= ...``, or
+    Lark for llguidance). ``whitespace`` applies to JSON schemas only: ``compact`` allows no
+    whitespace between tokens; ``flexible`` allows up to ``max_whitespace`` spaces, newlines
+    or tabs after each ``,`` and ``:``, so output can never run away with whitespace.
+    """
+
+    kind: GrammarKind
+    source: str
+    backend: BackendName = "auto"
+    whitespace: Whitespace = "compact"
+    max_whitespace: int = DEFAULT_MAX_WHITESPACE
+
+    def with_backend(self, backend: str) -> GrammarSpec:
+        return GrammarSpec(self.kind, self.source, backend, self.whitespace, self.max_whitespace)  # type: ignore[arg-type]

@@ -1,0 +1,134 @@
+"""The model's vocabulary, in the forms each grammar backend wants, built once per tokenizer.
+
+The logits are often wider than the tokenizer (Qwen2: 151,936 logits, 151,665 tokens); every
+backend is built at the logits width so ids past the tokenizer are never allowed. Special
+tokens (``<|im_start|>`` ...) are never allowed inside constrained text either: only the
+end-of-sequence token, and only where the grammar is complete.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+# GPT-2 style byte-level BPE stores byte b as a printable character; this undoes it.
+_BYTE_DECODER: dict[str, int] | None = None
+
+
+def _byte_decoder() -> dict[str, int]:
+    global _BYTE_DECODER
+    if _BYTE_DECODER is None:
+        printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+        codes = list(printable)
+        extra = 0
+        for b in range(256):
+            if b not in printable:
+                printable.append(b)
+                codes.append(256 + extra)
+                extra += 1
+        _BYTE_DECODER = {chr(c): b for b, c in zip(printable, codes, strict=True)}
+    return _BYTE_DECODER
+
+
+@dataclass
+class Vocab:
+    """One tokenizer at one logits width, with lazily built backend tokenizers.
+
+    Attributes:
+        hf_tokenizer: the fast Hugging Face tokenizer vLLM serves with.
+        width: the logits width (``vocab_size`` of the model), >= the tokenizer size.
+        eos_token_id: the end-of-sequence token vLLM stops on.
+        key: identifies the tokenizer in compile-cache keys.
+    """
+
+    hf_tokenizer: Any
+    width: int
+    eos_token_id: int
+    key: str
+    _built: dict[str, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def _once(self, name: str, build: Any) -> Any:
+        with self._lock:
+            if name not in self._built:
+                self._built[name] = build()
+            return self._built[name]
+
+    def token_bytes(self) -> list[bytes]:
+        """Each id's raw bytes; ``b""`` for special tokens and ids past the tokenizer."""
+        return self._once("bytes", self._build_token_bytes)
+
+    def _build_token_bytes(self) -> list[bytes]:
+        tok = self.hf_tokenizer
+        special = set(tok.all_special_ids) | {
+            i for i, t in tok.added_tokens_decoder.items() if t.special
+        }
+        decoder = _byte_decoder()
+        out = [b""] * self.width
+        for piece, token_id in tok.get_vocab().items():
+            if token_id >= self.width or token_id in special:
+                continue
+            if token_id in tok.added_tokens_decoder:  # added, not byte-level encoded
+                out[token_id] = piece.encode()
+            elif all(ch in decoder for ch in piece):
+                out[token_id] = bytes(decoder[ch] for ch in piece)
+            else:  # not byte-level (e.g. sentencepiece): decode it
+                out[token_id] = tok.convert_tokens_to_string([piece]).encode()
+        return out
+
+    def llguidance(self) -> Any:
+        """``llguidance.LLTokenizer`` (about a second to build)."""
+
+        def build() -> Any:
+            import llguidance.hf
+
+            return llguidance.hf.from_tokenizer(
+                self.hf_tokenizer, n_vocab=self.width, eos_token=self.eos_token_id
+            )
+
+        return self._once("llguidance", build)
+
+    def xgrammar(self) -> Any:
+        """``xgrammar.TokenizerInfo`` from raw bytes, special tokens blanked.
+
+        Built RAW rather than from the HF tokenizer: xgrammar's HF path lets Qwen's special
+        tokens appear inside JSON strings.
+        """
+
+        def build() -> Any:
+            import xgrammar
+
+            return xgrammar.TokenizerInfo(
+                self.token_bytes(),
+                xgrammar.VocabType.RAW,
+                vocab_size=self.width,
+                stop_token_ids=[self.eos_token_id],
+            )
+
+        return self._once("xgrammar", build)
+
+    def outlines(self) -> Any:
+        """``outlines_core.Vocabulary`` built by hand (its ``from_pretrained`` needs the hub)."""
+
+        def build() -> Any:
+            from outlines_core import Vocabulary
+
+            groups: dict[bytes, list[int]] = {}
+            for token_id, piece in enumerate(self.token_bytes()):
+                if piece and token_id != self.eos_token_id:
+                    groups.setdefault(piece, []).append(token_id)
+            return Vocabulary(self.eos_token_id, groups)
+
+        return self._once("outlines", build)
+
+
+@functools.lru_cache(maxsize=4)
+def load_vocab(tokenizer_path: str, width: int, eos_token_id: int | None = None) -> Vocab:
+    """The ``Vocab`` of a tokenizer directory (or hub name), cached per process."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    eos = tok.eos_token_id if eos_token_id is None else eos_token_id
+    return Vocab(tok, max(width, len(tok)), int(eos), key=f"{tokenizer_path}@{width}")
