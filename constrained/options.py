@@ -229,6 +229,8 @@ class Options(BaseModel):
             for name in ("whitespace", "max_whitespace"):
                 if getattr(self, name) is not None:
                     raise OptionError(name, f"applies to json_schema only, not {given[0]}")
+        if given[0] == "grammar" and self.grammar_backend == "outlines":
+            raise OptionError("grammar_backend", "outlines supports json_schema and regex only")
         if self.max_whitespace is not None and self.whitespace != "flexible":
             raise OptionError("max_whitespace", 'needs whitespace="flexible"')
 

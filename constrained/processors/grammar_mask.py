@@ -126,10 +126,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         try:
             compiler_for(vocab).compile(spec)
         except GrammarError as exc:
-            field = options.constraint()[0]  # type: ignore[index]
-            if spec.backend != "auto" and exc.backend == spec.backend and "support" in str(exc):
-                field = "grammar_backend" if spec.kind == "grammar" else field
-            raise OptionError(field, str(exc)) from None
+            raise OptionError(spec.kind, str(exc)) from None
 
     # ---- per-request state ---------------------------------------------------------
 
