@@ -296,9 +296,12 @@ def run_throughput_child(
 
         profiler = cProfile.Profile()
         profiler.enable()
+    engine = llm.llm_engine
+    steps = _time_steps(engine)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params(tokens), use_tqdm=False)
     seconds = time.perf_counter() - start
+    del engine.step  # back to the class's method
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(str(profile))
@@ -320,6 +323,9 @@ def run_throughput_child(
             }
         )
     produced = sum(r["output_tokens"] for r in records)
+    # Steps after the first two (prefill) with the whole batch still running: the cost of one
+    # decoding step at full batch, independent of how soon requests stop.
+    full = [ms for ms, running in steps[2:] if running == len(files)]
     return {
         "config": config,
         "engine_kwargs": kwargs,
@@ -330,10 +336,31 @@ def run_throughput_child(
         "output_tokens": produced,
         "tokens_per_s": produced / seconds,
         "requests_per_s": len(files) / seconds,
+        "mean_output_tokens": produced / len(files),
+        "steps": len(steps),
+        "step_ms_full_batch_median": median(full) if full else None,
+        "step_ms_full_batch_count": len(full),
+        "step_ms_and_running": [[round(ms, 3), running] for ms, running in steps],
         **_outcome_summary(records),
         "machine": machine_info(),
         "outputs": records,
     }
+
+
+def _time_steps(engine: Any) -> list[tuple[float, int]]:
+    """Wrap ``engine.step`` (what ``LLM.generate`` loops on): (ms, unfinished requests) each."""
+    steps: list[tuple[float, int]] = []
+    original = engine.step
+
+    def timed_step() -> Any:
+        running = engine.get_num_unfinished_requests()
+        start = time.perf_counter()
+        result = original()
+        steps.append(((time.perf_counter() - start) * 1000.0, running))
+        return result
+
+    engine.step = timed_step
+    return steps
 
 
 # ---- throughput: parent -------------------------------------------------------------------
@@ -388,7 +415,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         print(f"selection failed: {selection['error']}", file=sys.stderr)
         return 1
     files = [c["file"] for c in selection["chosen"]]
-    files_path = out / ".e2e_structured_files.json"
+    tmp = tempfile.TemporaryDirectory(prefix="e2e_structured-files-")
+    files_path = pathlib.Path(tmp.name) / "files.json"
     files_path.write_text(json.dumps(files))
     runs: list[dict[str, Any]] = []
     try:
@@ -419,12 +447,13 @@ def run_throughput(args: argparse.Namespace) -> int:
                     print(
                         f"round {round_} {config:8s}: {record['requests_per_s']:6.2f} req/s "
                         f"{record['tokens_per_s']:7.1f} tok/s  stop {record['finished_stop']}"
-                        f"/{record['requests']}  valid {record['valid_among_finished']}",
+                        f"/{record['requests']}  valid {record['valid_among_finished']}"
+                        f"  step@full {record['step_ms_full_batch_median']} ms",
                         file=sys.stderr,
                         flush=True,
                     )
     finally:
-        files_path.unlink(missing_ok=True)
+        tmp.cleanup()
     report["runs"] = runs
     report["summary"] = _throughput_summary(runs, args.configs)
     json_path = out / "e2e_structured.json"
@@ -437,6 +466,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             f"{s['tokens_per_s_median']:7.1f} tok/s  stop {s['finished_stop_share_median']:.0%}"
             f"  valid/finished {s['valid_among_finished_share_min']}"
             f"  valid/all {s['valid_all_share_median']:.0%}"
+            f"  step@full {s['step_ms_full_batch_median_median']} ms"
         )
     print(f"wrote {json_path} and {png_path}")
     return 1 if any("error" in r for r in runs) else 0
@@ -456,11 +486,14 @@ def _throughput_summary(runs: list[dict[str, Any]], configs: list[str]) -> list[
             "cold_seconds",
             "startup_s",
             "output_tokens",
+            "mean_output_tokens",
+            "step_ms_full_batch_median",
             "finished_stop_share",
             "valid_all_share",
         ):
             values = [r[key] for r in ok]
-            entry[f"{key}_median"] = median(values)
+            known = [v for v in values if v is not None]
+            entry[f"{key}_median"] = median(known) if known else None
             entry[f"{key}_all"] = values
         shares = [r["valid_among_finished_share"] for r in ok]
         entry["valid_among_finished_share_all"] = shares
@@ -469,10 +502,9 @@ def _throughput_summary(runs: list[dict[str, Any]], configs: list[str]) -> list[
         summary.append(entry)
     by = {s["config"]: s for s in summary}
     if "ours" in by and "vllm" in by:
-        for key in ("requests_per_s", "tokens_per_s"):
-            by["ours"][f"{key}_over_vllm"] = (
-                by["ours"][f"{key}_median"] / by["vllm"][f"{key}_median"]
-            )
+        for key in ("requests_per_s", "tokens_per_s", "step_ms_full_batch_median"):
+            ours, vllm = by["ours"][f"{key}_median"], by["vllm"][f"{key}_median"]
+            by["ours"][f"{key}_over_vllm"] = ours / vllm if ours and vllm else None
     return summary
 
 
@@ -486,20 +518,24 @@ def plot_throughput(report: dict[str, Any], path: pathlib.Path) -> None:
     if not summary:
         return
     colors = {"none": "#9e9e9e", "ours": "#ff7f0e", "vllm": "#1f77b4", "vllm_ws": "#aec7e8"}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for ax, key, label in (
         (axes[0], "requests_per_s", "requests/s"),
         (axes[1], "tokens_per_s", "output tokens/s"),
+        (axes[2], "step_ms_full_batch_median", "ms per step, whole batch running"),
     ):
         for i, s in enumerate(summary):
+            values = [v for v in s[f"{key}_all"] if v is not None]
+            if not values:
+                continue
             ax.bar(i, s[f"{key}_median"], 0.6, color=colors.get(s["config"], "#777777"))
-            ax.plot([i] * len(s[f"{key}_all"]), s[f"{key}_all"], "k.", markersize=5)
+            ax.plot([i] * len(values), values, "k.", markersize=5)
             note = f"{s[f'{key}_median']:.1f}"
-            if s["config"] != "none":
+            if s["config"] != "none" and key != "step_ms_full_batch_median":
                 note += f"\nvalid {s['valid_all_share_median']:.0%}"
                 note += f"\nstop {s['finished_stop_share_median']:.0%}"
             ax.text(i, s[f"{key}_median"], note, ha="center", va="bottom", fontsize=8)
-        top = max(max(s[f"{key}_all"]) for s in summary)
+        top = max((v for s in summary for v in s[f"{key}_all"] if v is not None), default=1)
         ax.set_ylim(0, top * 1.3)
         ax.set_xticks(range(len(summary)), [s["config"] for s in summary])
         ax.set_ylabel(f"{label} (median bar, rounds as dots)")

@@ -103,6 +103,7 @@ class Outcome:
     walk_errors: int = 0  # instances that could not be walked (exception), counted rejected
     disagreements: int = 0  # a masked-in token the matcher then refused
     tokens: int = 0
+    mask_max_us: float = 0.0
     mask_ns: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -245,6 +246,7 @@ def run_case(case: Case, config: str, conn: Connection) -> Outcome:
     for test in entry.get("tests", []):
         walk_test(out, compiled, test, words, bitmask)
     out.mask_ns = list(_TIMES)
+    out.mask_max_us = max(_TIMES, default=0) / 1e3
     return out
 
 
@@ -267,8 +269,29 @@ def walk_test(out: Outcome, compiled: Any, test: dict, words: np.ndarray, bitmas
         out.invalid_accepted += accepted
 
 
-def worker_main(conn: Connection) -> None:
+def warm_up(config: str) -> None:
+    """One small compile and fill per backend: the first fill after a fork pays one-off costs
+    (page faults on the shared tokenizer tables, lazy initialisation) that are no mask time."""
+    import torch
+
+    from constrained.grammars import GrammarError
+    from constrained.grammars.matcher import words_for
+
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "string"}}})
+    configs = ("llguidance", "xgrammar", "outlines") if config == "auto" else (config,)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    for name in configs:
+        try:
+            matcher = compile_schema(schema, name).matcher()
+        except GrammarError:
+            continue
+        for _ in range(2):
+            matcher.fill(bitmask, 0)
+
+
+def worker_main(conn: Connection, config: str) -> None:
     """Serve (case, config) tasks until told to stop."""
+    warm_up(config)
     while True:
         task = conn.recv()
         if task is None:
@@ -291,12 +314,12 @@ class Worker:
     dead: bool = False  # killed (time-out) or crashed: replace before the next task
 
 
-def start_worker() -> Worker:
+def start_worker(config: str) -> Worker:
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
     parent_end, child_end = ctx.Pipe()
-    proc = ctx.Process(target=worker_main, args=(child_end,), daemon=True)
+    proc = ctx.Process(target=worker_main, args=(child_end, config), daemon=True)
     proc.start()
     child_end.close()
     return Worker(proc, parent_end)
@@ -327,7 +350,7 @@ def run_tasks(
 ) -> Iterator[Outcome]:
     """Run every case in a pool of forked workers, each case under ``limit`` seconds."""
     pending = collections.deque(cases)
-    pool = [start_worker() for _ in range(min(workers, len(cases)))]
+    pool = [start_worker(config) for _ in range(min(workers, len(cases)))]
     done, begun = 0, time.monotonic()
     try:
         while pending or any(w.task for w in pool):
@@ -344,18 +367,18 @@ def run_tasks(
                 if progress and done % 200 == 0:
                     rate = done / (time.monotonic() - begun)
                     print(f"  {config}: {done}/{len(cases)} ({rate:.1f}/s)", file=sys.stderr)
-                pool[i] = recycle(pool[i])
+                pool[i] = recycle(pool[i], config)
                 yield outcome
     finally:
         for worker in pool:
             stop_worker(worker, kill=worker.task is not None or worker.dead)
 
 
-def recycle(worker: Worker) -> Worker:
+def recycle(worker: Worker, config: str) -> Worker:
     """The worker itself, or a fresh one when it died or served its share of tasks."""
     if worker.dead or worker.served >= RECYCLE_AFTER:
         stop_worker(worker, kill=worker.dead)
-        return start_worker()
+        return start_worker(config)
     return worker
 
 

@@ -137,23 +137,33 @@ class V1Batch:
 
 
 def v2_context(
-    slot_of_request: list[int], draft_tokens: list[list[int]], last_tokens: list[int]
+    slot_of_request: list[int],
+    draft_tokens: list[list[int]],
+    last_tokens: list[int],
+    lengths: list[int] | None = None,
 ) -> tuple[SimpleNamespace, list[int], list[int]]:
     """A V2 ``LogitsContext``: request ``i`` owns ``1 + len(draft_tokens[i])`` consecutive
     rows; row 0 is fed its last committed token, row ``k`` its draft ``k - 1``.
+    ``lengths[i]`` is the request's committed length (prompt + output): row ``k`` sits at
+    position ``lengths[i] - 1 + k``.
 
     Returns the context, the slot of each row, and each row's local position."""
-    expanded, local, input_ids = [], [], []
-    for slot, drafts, last in zip(slot_of_request, draft_tokens, last_tokens, strict=True):
+    expanded, local, input_ids, pos = [], [], [], []
+    lengths = lengths or [1] * len(slot_of_request)
+    for slot, drafts, last, length in zip(
+        slot_of_request, draft_tokens, last_tokens, lengths, strict=True
+    ):
         for k, token in enumerate([last, *drafts]):
             expanded.append(slot)
             local.append(k)
             input_ids.append(token)
+            pos.append(length - 1 + k)
     ctx = SimpleNamespace(
         idx_mapping=torch.tensor(slot_of_request, dtype=torch.int32),
         idx_mapping_np=np.array(slot_of_request, dtype=np.int32),
         expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
         expanded_local_pos=torch.tensor(local, dtype=torch.int32),
         input_ids=torch.tensor(input_ids, dtype=torch.int32),
+        pos=torch.tensor(pos, dtype=torch.int64),
     )
     return ctx, expanded, local

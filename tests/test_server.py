@@ -82,3 +82,72 @@ def test_builtin_twin_is_refused_over_http(server):
     resp = httpx.post(server + "/v1/completions", json=body, timeout=60)
     assert resp.status_code == 400
     assert "'min_p'" in resp.text and "built-in" in resp.text
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", "xgrammar"])
+def test_json_schema_in_vllm_xargs_chat_and_completions(client, backend):
+    import jsonschema
+
+    xargs = Options(json_schema=PERSON, grammar_backend=backend).to_vllm_xargs()
+    assert isinstance(xargs["json_schema"], str)  # vllm_xargs cannot carry objects
+    for seed in range(4):
+        chat = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "A person, as JSON."}],
+            max_tokens=128,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"vllm_xargs": xargs},
+        )
+        choice = chat.choices[0]
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+        text = complete(client, xargs, max_tokens=128, seed=seed).choices[0].text
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_regex_streams_and_stops(client):
+    stream = client.completions.create(
+        model="tiny",
+        prompt="Code:",
+        max_tokens=32,
+        temperature=1.0,
+        stream=True,
+        extra_body={"vllm_xargs": {"regex": "[A-Z]{2}-[0-9]{3}"}},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert len(text) == 6 and text[2] == "-" and text[:2].isupper() and text[3:].isdigit()
+
+
+@pytest.mark.parametrize(
+    ("xargs", "field"),
+    [
+        ({"json_schema": "{not json"}, "json_schema"),
+        ({"json_schema": '{"type": "array", "uniqueItems": true}'}, "json_schema"),
+        ({"json_schema": '{"type": 12}'}, "json_schema"),
+        ({"regex": "(unclosed"}, "regex"),
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"regex": "a", "json_schema": "{}"}, "regex"),
+        ({"grammar_backend": "fast", "regex": "a"}, "grammar_backend"),
+        ({"json_schema": "{}", "whitespace": "lots"}, "whitespace"),
+    ],
+)
+def test_bad_constraints_get_400_naming_the_field(client, xargs, field):
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, xargs)
+    assert info.value.status_code == 400
+    assert f"'{field}'" in str(info.value)
+    assert complete(client, {"regex": "[a-z]{3}"}, max_tokens=10).choices[0].text.isalpha()

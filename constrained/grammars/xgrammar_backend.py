@@ -17,7 +17,6 @@ from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
 
 NAME = "xgrammar"
-MAX_ROLLBACK = 16  # speculative drafts per step we can undo
 
 
 class XGrammarGrammar:
@@ -53,7 +52,7 @@ class XGrammarMatcher:
         import xgrammar
 
         self.eos = grammar.vocab.eos_token_id
-        self.inner = xgrammar.GrammarMatcher(grammar.compiled, max_rollback_tokens=MAX_ROLLBACK)
+        self.inner = xgrammar.GrammarMatcher(grammar.compiled)  # rollback is unlimited
         self.error: str | None = None
 
     def consume(self, tokens: Sequence[int]) -> bool:
