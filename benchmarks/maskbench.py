@@ -166,9 +166,74 @@ def serialize(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
-# --------------------------------------------------------------------------- worker side
+# --------------------------------------------------------------------------- walking
 
-_VOCAB: Any = None  # built in the parent before the workers fork
+
+class ExactTokenizer:
+    """Token ids whose bytes are exactly the text's UTF-8 bytes.
+
+    The Qwen2 tokenizer NFC-normalizes (``"a\u0308"`` would be walked as ``"ä"``) and turns
+    ``<|endoftext|>`` written in a string into the special token; neither may change the
+    instance under test. So the tokenizer runs without its normalizer, and when the ids still
+    do not spell the text (special-token text), the text is walked one byte token per byte.
+    """
+
+    def __init__(self, vocab: Any) -> None:
+        from tokenizers import Tokenizer
+
+        spec = json.loads(vocab.hf_tokenizer.backend_tokenizer.to_str())
+        spec["normalizer"] = None
+        self.inner = Tokenizer.from_str(json.dumps(spec))
+        self.pieces: list[bytes] = vocab.token_bytes()
+        self.byte_ids: dict[int, int] = {}
+        for token_id, piece in enumerate(self.pieces):
+            if len(piece) == 1:
+                self.byte_ids.setdefault(piece[0], token_id)
+
+    def encode(self, text: str) -> list[int]:
+        raw = text.encode("utf-8")  # a lone surrogate raises: the instance is not UTF-8 text
+        ids = self.inner.encode(text, add_special_tokens=False).ids
+        if b"".join(self.pieces[i] for i in ids) == raw:
+            return ids
+        return [self.byte_ids[b] for b in raw]
+
+
+class Walker:
+    """Walks instances through a compiled grammar token by token, timing every mask fill."""
+
+    def __init__(self, vocab: Any) -> None:
+        import torch
+
+        from constrained.grammars.matcher import words_for
+
+        self.vocab = vocab
+        self.eos: int = vocab.eos_token_id
+        self.tokenizer = ExactTokenizer(vocab)
+        self.bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+        self.words = self.bitmask.numpy()[0].view(np.uint32)
+        self.mask_ns: list[int] = []  # every fill's duration, appended by ``walk``
+
+    def tokens(self, data: Any) -> list[int]:
+        return self.tokenizer.encode(serialize(data))
+
+    def walk(self, compiled: Any, tokens: list[int]) -> tuple[bool, bool]:
+        """(accepted, disagreement): every token and then EOS allowed by the mask before it;
+        disagreement when the matcher refused a token its own mask allowed."""
+        matcher = compiled.matcher()
+        for token in [*tokens, self.eos]:
+            start = time.perf_counter_ns()
+            matcher.fill(self.bitmask, 0)
+            self.mask_ns.append(time.perf_counter_ns() - start)
+            if not (int(self.words[token >> 5]) >> (token & 31)) & 1:
+                return False, False
+            if token == self.eos:
+                return True, False
+            if not matcher.consume([token]):
+                return False, True
+        raise AssertionError("unreachable: the loop ends on EOS")
+
+    def accepts(self, compiled: Any, data: Any) -> bool:
+        return self.walk(compiled, self.tokens(data))[0]
 
 
 def build_vocab(configs: Iterable[str]) -> Any:
@@ -185,7 +250,7 @@ def build_vocab(configs: Iterable[str]) -> Any:
     return vocab
 
 
-def compile_schema(schema_text: str, config: str) -> Any:
+def compile_schema(schema_text: str, config: str, vocab: Any) -> Any:
     """Compile as ``config`` does; raises ``GrammarError`` when refused or broken."""
     from constrained.grammars import GrammarSpec, compile_now
     from constrained.grammars.outlines_backend import OutlinesGrammar
@@ -194,42 +259,26 @@ def compile_schema(schema_text: str, config: str) -> Any:
     if config.endswith("-unchecked"):
         backend = config.removesuffix("-unchecked")
         grammar = {"xgrammar": XGrammarGrammar, "outlines": OutlinesGrammar}[backend]
-        return grammar(GrammarSpec("json_schema", schema_text, backend), _VOCAB)  # type: ignore[arg-type]
-    return compile_now(GrammarSpec("json_schema", schema_text, config), _VOCAB)  # type: ignore[arg-type]
+        return grammar(GrammarSpec("json_schema", schema_text, backend), vocab)  # type: ignore[arg-type]
+    return compile_now(GrammarSpec("json_schema", schema_text, config), vocab)  # type: ignore[arg-type]
 
 
-def walk(compiled: Any, tokens: list[int], words: np.ndarray, bitmask: Any) -> tuple[bool, bool]:
-    """Feed ``tokens``; (accepted, disagreement). Appends each mask fill's ns to ``_TIMES``."""
-    matcher = compiled.matcher()
-    for token in [*tokens, _VOCAB.eos_token_id]:
-        start = time.perf_counter_ns()
-        matcher.fill(bitmask, 0)
-        _TIMES.append(time.perf_counter_ns() - start)
-        if not (int(words[token >> 5]) >> (token & 31)) & 1:
-            return False, False
-        if token == _VOCAB.eos_token_id:
-            return True, False
-        if not matcher.consume([token]):
-            return False, True
-    raise AssertionError("unreachable")
+# --------------------------------------------------------------------------- worker side
 
-
-_TIMES: list[int] = []
+_WALKER: Walker | None = None  # built in the parent before the workers fork
 
 
 def run_case(case: Case, config: str, conn: Connection) -> Outcome:
     """Compile one schema as ``config`` and walk its tests; tells the parent when compiled."""
-    import torch
-
     from constrained.grammars import GrammarError
-    from constrained.grammars.matcher import words_for
 
+    assert _WALKER is not None
     with open(case.path, encoding="utf-8") as f:
         entry = json.load(f)
     out = Outcome(case.name, case.split)
     start = time.perf_counter()
     try:
-        compiled = compile_schema(json.dumps(entry["schema"]), config)
+        compiled = compile_schema(json.dumps(entry["schema"]), config, _WALKER.vocab)
     except GrammarError as exc:
         out.status = "refused" if exc.keyword else "error"
         out.keyword, out.reason = exc.keyword, str(exc)[:300]
@@ -240,28 +289,25 @@ def run_case(case: Case, config: str, conn: Connection) -> Outcome:
     out.compile_s = time.perf_counter() - start
     out.backend = getattr(compiled, "backend", config)
     conn.send(("compiled", out.compile_s))
-    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
-    words = bitmask.numpy()[0].view(np.uint32)
-    _TIMES.clear()
+    _WALKER.mask_ns = []
     for test in entry.get("tests", []):
-        walk_test(out, compiled, test, words, bitmask)
-    out.mask_ns = list(_TIMES)
-    out.mask_max_us = max(_TIMES, default=0) / 1e3
+        walk_test(_WALKER, out, compiled, test)
+    out.mask_ns = _WALKER.mask_ns
+    out.mask_max_us = max(out.mask_ns, default=0) / 1e3
     return out
 
 
-def walk_test(out: Outcome, compiled: Any, test: dict, words: np.ndarray, bitmask: Any) -> None:
+def walk_test(walker: Walker, out: Outcome, compiled: Any, test: dict) -> None:
     """Walk one instance and count its result into ``out``."""
-    valid = bool(test["valid"])
     try:
-        tokens = _VOCAB.hf_tokenizer.encode(serialize(test["data"]), add_special_tokens=False)
-        accepted, disagreement = walk(compiled, tokens, words, bitmask)
+        tokens = walker.tokens(test["data"])
+        accepted, disagreement = walker.walk(compiled, tokens)
         out.tokens += len(tokens)
         out.disagreements += disagreement
-    except Exception:  # e.g. a lone surrogate the tokenizer cannot encode
+    except Exception:  # e.g. a lone surrogate, which is no UTF-8 text
         out.walk_errors += 1
         accepted = False
-    if valid:
+    if test["valid"]:
         out.valid += 1
         out.valid_rejected += not accepted
     else:
@@ -272,21 +318,17 @@ def walk_test(out: Outcome, compiled: Any, test: dict, words: np.ndarray, bitmas
 def warm_up(config: str) -> None:
     """One small compile and fill per backend: the first fill after a fork pays one-off costs
     (page faults on the shared tokenizer tables, lazy initialisation) that are no mask time."""
-    import torch
-
     from constrained.grammars import GrammarError
-    from constrained.grammars.matcher import words_for
 
+    assert _WALKER is not None
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "string"}}})
     configs = ("llguidance", "xgrammar", "outlines") if config == "auto" else (config,)
-    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     for name in configs:
         try:
-            matcher = compile_schema(schema, name).matcher()
+            compiled = compile_schema(schema, name, _WALKER.vocab)
         except GrammarError:
             continue
-        for _ in range(2):
-            matcher.fill(bitmask, 0)
+        _WALKER.walk(compiled, _WALKER.tokens({"a": "warm"}))
 
 
 def worker_main(conn: Connection, config: str) -> None:
@@ -594,12 +636,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    global _VOCAB
+    global _WALKER
     args = parse_args(argv)
     all_cases = load_cases(args.data)
     cases = all_cases[: args.limit] if args.limit else all_cases
     samples = parse_samples(args.sample, args.configs)
-    _VOCAB = build_vocab(args.configs)
+    _WALKER = Walker(build_vocab(args.configs))
     machine = {**machine_info(), "lscpu": lscpu_head(), "versions": versions()}
     results: dict[str, Any] = {}
     for config in args.configs:

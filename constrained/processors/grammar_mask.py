@@ -97,7 +97,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.vocab = load_vocab(_tokenizer_path(model_config), self.logits_width)
         self.eos = self.vocab.eos_token_id
         self.compiler = compiler_for(self.vocab)
-        self.bitmask = torch.zeros(0, words_for(self.logits_width), dtype=torch.int32)
+        self.bitmask = torch.zeros(0, words_for(self.vocab.width), dtype=torch.int32)
         self._device_bitmask: torch.Tensor | None = None
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="constrained-mask")
         self._pending: Future | None = None
