@@ -61,7 +61,7 @@ class RowState:
     consumed: int = 0
     failed: bool = field(default=False)
 
-    def ready_matcher(self, eos: int) -> Matcher | None:
+    def ready_matcher(self) -> Matcher | None:
         """The matcher, built once the compile is done (waits for it); None if it failed."""
         if self.matcher is None and not self.failed:
             try:
@@ -127,6 +127,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             compiler_for(vocab).compile(spec)
         except GrammarError as exc:
             raise OptionError(spec.kind, str(exc)) from None
+        except Exception as exc:  # a backend bug is still this request's problem only
+            raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
 
     # ---- per-request state ---------------------------------------------------------
 
@@ -171,26 +173,31 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             new = state.output_ids[state.consumed :]  # type: ignore[index]
             if -1 in new:  # async scheduling: the token arrives just before apply
                 continue
-            if self._advance(state, new, row, llg):
-                done.append(row)
+            self._advance(state, new, row, llg)
+            done.append(row)
         self._fill_llguidance(llg)
         self._filled_rows = done
 
-    def _advance(self, state: RowState, new: list[int], row: int, llg: list) -> bool:
-        """Feed ``new`` tokens to a row's matcher and queue or write its mask."""
-        matcher = state.ready_matcher(self.eos)
-        if matcher is None:
-            fill_only(self.bitmask, row, [self.eos])
-            return True
-        if new:
-            if not matcher.consume(new):
-                logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
-            state.consumed += len(new)
-        if isinstance(matcher, LLGuidanceMatcher):
-            llg.append((matcher, row))
-        else:
-            matcher.fill(self.bitmask, row)
-        return True
+    def _advance(self, state: RowState, new: list[int], row: int, llg: list) -> None:
+        """Feed ``new`` tokens to a row's matcher and queue or write its mask.
+
+        Any backend failure ends that request (end-of-sequence only), never the engine.
+        """
+        try:
+            matcher = state.ready_matcher()
+            if matcher is not None:
+                if new and not matcher.consume(new):
+                    logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
+                state.consumed += len(new)
+                if isinstance(matcher, LLGuidanceMatcher):
+                    llg.append((matcher, row))
+                else:
+                    matcher.fill(self.bitmask, row)
+                return
+        except Exception:
+            logger.exception("constrained: grammar matcher failed; ending the request")
+            state.failed, state.matcher = True, None
+        fill_only(self.bitmask, row, [self.eos])
 
     def _fill_llguidance(self, pairs: list) -> None:
         if pairs:
@@ -236,37 +243,26 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         for row in rows:
             slot = int(row_slots[row])
             state: RowState = self.slots.payload[slot]
-            matcher = state.ready_matcher(self.eos)
             if int(local[row]) == 0:
-                self._catch_up_v2(state, slot, row, input_ids, pos)
-                if matcher is None:
-                    fill_only(self.bitmask, row, [self.eos])
-                elif isinstance(matcher, LLGuidanceMatcher):
-                    llg.append((matcher, row))
-                else:
-                    matcher.fill(self.bitmask, row)
-                continue
-            self._fill_draft_row(state, row, local, input_ids)
+                self._advance(
+                    state, self._new_tokens_v2(state, slot, row, input_ids, pos), row, llg
+                )
+            else:
+                self._fill_draft_row(state, row, local, input_ids)
         self._fill_llguidance(llg)
         return rows
 
-    def _catch_up_v2(self, state: RowState, slot: int, row: int, input_ids, pos) -> None:
-        """Consume the request's committed output the matcher has not seen yet."""
-        matcher = state.matcher
+    def _new_tokens_v2(self, state: RowState, slot: int, row: int, input_ids, pos) -> list[int]:
+        """The request's committed output tokens its matcher has not seen yet."""
         prompt_len = int(self.req_states.prompt_len.np[slot])
-        committed = int(pos[row]) + 1 - prompt_len
-        new = committed - state.consumed
-        if matcher is None or new <= 0:
-            return
+        new = int(pos[row]) + 1 - prompt_len - state.consumed
+        if new <= 0 or state.failed:
+            return []
         if new == 1:  # the usual case: the token fed at this row is the one sampled last
-            tokens = [int(input_ids[row])]
-        else:  # resumed, or several drafts accepted: read the committed history
-            start = prompt_len + state.consumed
-            history = self.req_states.all_token_ids.gpu[slot, start : start + new]
-            tokens = history.cpu().tolist()
-        if not matcher.consume(tokens):
-            logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
-        state.consumed = committed
+            return [int(input_ids[row])]
+        # Resumed, or several drafts accepted: read the committed history.
+        start = prompt_len + state.consumed
+        return self.req_states.all_token_ids.gpu[slot, start : start + new].cpu().tolist()
 
     def _fill_draft_row(self, state: RowState, row: int, local, input_ids) -> None:
         """Row ``k`` of a request: its matcher advanced over the drafts fed at rows 1..k."""
@@ -276,12 +272,17 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if matcher is None or matcher.error is not None:
             fill_only(self.bitmask, row, [self.eos])
             return
-        accepted = matcher.try_consume(drafts)
-        if accepted == len(drafts):
-            matcher.fill(self.bitmask, row)
-        else:  # an earlier draft is already masked, so this row's sample is discarded
+        try:
+            accepted = matcher.try_consume(drafts)
+            if accepted == len(drafts):
+                matcher.fill(self.bitmask, row)
+            else:  # an earlier draft is already masked, so this row's sample is discarded
+                fill_only(self.bitmask, row, [self.eos])
+            matcher.rollback(accepted)
+        except Exception:
+            logger.exception("constrained: grammar matcher failed; ending the request")
+            state.failed, state.matcher = True, None
             fill_only(self.bitmask, row, [self.eos])
-        matcher.rollback(accepted)
 
     # ---- bitmask buffers -------------------------------------------------------------
 
