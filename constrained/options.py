@@ -110,6 +110,8 @@ class Options(BaseModel):
     @field_validator("json_schema", mode="before")
     @classmethod
     def _parse_schema(cls, value: Any) -> Any:
+        from constrained.grammars.schema_input import schema_text
+
         return schema_text(value)
 
     @field_validator("regex", "grammar")
@@ -277,38 +279,6 @@ class Options(BaseModel):
         if "logit_bias" in out:
             out["logit_bias"] = json.dumps({str(k): v for k, v in out["logit_bias"].items()})
         return out
-
-
-def schema_text(value: Any) -> str | None:
-    """A JSON schema as JSON text, from text, a dict/bool, or a pydantic model class.
-
-    The schema must itself be valid (checked against its draft's meta-schema).
-    """
-    if value is None:
-        return None
-    if isinstance(value, type) and issubclass(value, BaseModel):
-        value = value.model_json_schema()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(value, Mapping | bool):
-        raise ValueError(
-            f"must be a JSON schema (object), JSON text or a pydantic model class, "
-            f"got {type(value).__name__}"
-        )
-    from jsonschema import exceptions, validators
-
-    try:
-        validators.validator_for(value, default=validators.Draft202012Validator).check_schema(value)
-    except exceptions.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise ValueError(f"not a valid JSON schema at {where}: {exc.message:.200}") from None
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON: {exc}") from None
 
 
 def _token_id(key: Any) -> int:

@@ -1,0 +1,125 @@
+"""Turn what a user passes as ``json_schema`` into checked JSON text.
+
+Accepted: JSON text, a dict (or ``true``/``false``), or a pydantic model class. Refused, with
+the reason: text that is not JSON, a schema its draft's meta-schema rejects, a schema larger
+than ``CONSTRAINED_MAX_SCHEMA_BYTES`` (default 4 MiB) or nested deeper than 128 levels, and
+local ``$ref`` chains that loop without describing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+MAX_SCHEMA_BYTES_ENV = "CONSTRAINED_MAX_SCHEMA_BYTES"
+DEFAULT_MAX_SCHEMA_BYTES = 4 << 20
+MAX_DEPTH = 128
+
+
+def max_schema_bytes() -> int:
+    return int(os.environ.get(MAX_SCHEMA_BYTES_ENV, DEFAULT_MAX_SCHEMA_BYTES))
+
+
+def schema_text(value: Any) -> str | None:
+    """The schema as JSON text; raises ``ValueError`` saying what is wrong."""
+    if value is None:
+        return None
+    if isinstance(value, type) and issubclass(value, BaseModel):
+        value = value.model_json_schema()
+    if isinstance(value, str):
+        _check_size(len(value.encode()))
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+        except RecursionError:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    if not isinstance(value, Mapping | bool):
+        raise ValueError(
+            f"must be a JSON schema (object), JSON text or a pydantic model class, "
+            f"got {type(value).__name__}"
+        )
+    _check_depth(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    _check_size(len(text.encode()))
+    _check_meta_schema(value)
+    _check_ref_loops(value)
+    return text
+
+
+def _check_size(size: int) -> None:
+    limit = max_schema_bytes()
+    if size > limit:
+        raise ValueError(f"is {size:,} bytes, more than {limit:,} ({MAX_SCHEMA_BYTES_ENV})")
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        children = node.values() if isinstance(node, Mapping) else node
+        if isinstance(node, Mapping | list):
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _check_meta_schema(value: Any) -> None:
+    from jsonschema import exceptions, validators
+
+    validator = validators.validator_for(value, default=validators.Draft202012Validator)
+    try:
+        validator.check_schema(value)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ValueError(f"not a valid JSON schema at {where}: {exc.message:.200}") from None
+    except RecursionError:
+        raise ValueError("too deeply nested to check") from None
+
+
+def _resolve(root: Any, pointer: str) -> Any:
+    node = root
+    for part in pointer.removeprefix("#").strip("/").split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _check_ref_loops(root: Any) -> None:
+    """Refuse ``{"$ref": A}`` -> ``{"$ref": B}`` -> ... -> A: it describes no value at all."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                seen = {id(node)}
+                target = _resolve(root, ref)
+                while isinstance(target, Mapping) and set(target) - _ANNOTATIONS == {"$ref"}:
+                    if id(target) in seen:
+                        raise ValueError(f"'$ref' loop: {ref!r} refers back to itself")
+                    seen.add(id(target))
+                    next_ref = target["$ref"]
+                    if not (isinstance(next_ref, str) and next_ref.startswith("#")):
+                        break
+                    target = _resolve(root, next_ref)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+_ANNOTATIONS = {"$comment", "title", "description", "$id", "$anchor", "default", "examples"}
