@@ -158,6 +158,8 @@ def test_a_request_that_fails_midway_ends_cleanly(llm):
     assert generate(llm, 1, max_tokens=4)[0].token_ids
 
 
+DEEP = '{"type": "array", "items": ' * 300 + "{}" + "}" * 300
+HUGE = {"type": "object", "properties": {f"p{i}": {"description": "x" * 500} for i in range(9000)}}
 BAD_CONSTRAINTS = [
     ({"json_schema": "{not json"}, "json_schema", "not valid JSON"),
     ({"json_schema": {"type": "objekt"}}, "json_schema", "not a valid JSON schema"),
@@ -166,7 +168,13 @@ BAD_CONSTRAINTS = [
     ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema", "uniqueItems"),
     ({"json_schema": {"allOf": [{"minimum": 1}, {"maximum": 3}]}, "grammar_backend": "xgrammar"},
      "json_schema", "allOf"),
+    ({"json_schema": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}},
+     "json_schema", "loop"),
+    ({"json_schema": {"$ref": "#/$defs/missing"}}, "json_schema", "cannot be compiled"),
+    ({"json_schema": DEEP}, "json_schema", "nested deeper"),
+    ({"json_schema": HUGE}, "json_schema", "bytes, more than"),
     ({"regex": "[a-"}, "regex", "cannot be compiled"),
+    ({"regex": "(?=a)a"}, "regex", "cannot be compiled"),
     ({"regex": ""}, "regex", "empty"),
     ({"grammar": "root ::= (("}, "grammar", "cannot be compiled"),
     ({"grammar": 'root ::= "a"', "grammar_backend": "outlines"}, "grammar_backend", "regex"),
