@@ -24,6 +24,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
@@ -45,6 +46,7 @@ GrammarBackend = Literal["auto", "llguidance", "xgrammar", "outlines"]
 Whitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE_LIMIT = 16
 GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")
+JSON_ONLY_FIELDS = ("whitespace", "max_whitespace", "disable_additional_properties")
 Number = Annotated[StrictFloat | StrictInt, Field()]
 
 
@@ -89,6 +91,10 @@ class Options(BaseModel):
             ``flexible``: up to ``max_whitespace`` spaces, tabs or newlines after each ``,``
             and ``:``.
         max_whitespace: JSON with ``whitespace="flexible"`` only, in [0, 16], default 2.
+        disable_additional_properties: JSON only. ``True``: objects whose schema says nothing
+            about extra keys get none (as vLLM's option of that name and xgrammar's strict
+            mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
+            keys allowed).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -106,6 +112,7 @@ class Options(BaseModel):
     grammar_backend: GrammarBackend | None = None
     whitespace: Whitespace | None = None
     max_whitespace: StrictInt | None = None
+    disable_additional_properties: StrictBool | None = None
 
     @field_validator("json_schema", mode="before")
     @classmethod
@@ -223,12 +230,12 @@ class Options(BaseModel):
                 given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
             )
         if not given:
-            for name in ("grammar_backend", "whitespace", "max_whitespace"):
+            for name in ("grammar_backend", *JSON_ONLY_FIELDS):
                 if getattr(self, name) is not None:
                     raise OptionError(name, "has no effect without json_schema, regex or grammar")
             return
         if given[0] != "json_schema":
-            for name in ("whitespace", "max_whitespace"):
+            for name in JSON_ONLY_FIELDS:
                 if getattr(self, name) is not None:
                     raise OptionError(name, f"applies to json_schema only, not {given[0]}")
         if given[0] == "grammar" and self.grammar_backend == "outlines":

@@ -90,6 +90,22 @@ def test_flexible_whitespace_is_capped(llm):
         assert not re.match(r"\s", out.text)
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_disable_additional_properties_closes_open_objects(llm, backend):
+    open_schema = {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, 2]}},
+        "required": ["a"],
+    }
+    outputs = generate(
+        llm, 12, json_schema=open_schema, grammar_backend=backend,
+        disable_additional_properties=True,
+    )  # fmt: skip
+    assert_all_valid_json(outputs, open_schema)
+    for out in outputs:
+        assert set(json.loads(out.text)) <= {"a", "b"}
+
+
 def test_regex_and_grammar_constrain_the_whole_output(llm):
     for out in generate(llm, 12, max_tokens=40, regex=r"[0-9]{3}-[a-z]{2,6}"):
         assert out.finish_reason == "stop"
@@ -184,6 +200,10 @@ BAD_CONSTRAINTS = [
     ({"grammar_backend": "guidance", "regex": "a"}, "grammar_backend", "llguidance"),
     ({"regex": "a", "whitespace": "flexible"}, "whitespace", "json_schema only"),
     ({"json_schema": {}, "max_whitespace": 2}, "max_whitespace", "flexible"),
+    ({"regex": "a", "disable_additional_properties": True}, "disable_additional_properties",
+     "json_schema only"),
+    ({"json_schema": {"allOf": [{"type": "object"}]}, "disable_additional_properties": True},
+     "json_schema", "allOf"),
     ({"json_schema": {}, "whitespace": "flexible", "max_whitespace": 99}, "max_whitespace", "16"),
 ]  # fmt: skip
 

@@ -8,6 +8,7 @@ for that request only (it finishes in the background and its result is dropped).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.llguidance_backend import LLGuidanceGrammar
 from constrained.grammars.outlines_backend import OutlinesGrammar
+from constrained.grammars.schema_input import close_objects
 from constrained.grammars.schema_support import unsupported_keyword
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
@@ -50,6 +52,11 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     Raises:
         GrammarError: the constraint is invalid, or no backend enforces all of it.
     """
+    if spec.close_objects:
+        try:
+            spec = dataclasses.replace(spec, source=close_objects(spec.source))
+        except ValueError as exc:
+            raise GrammarError("", str(exc), keyword="allOf") from None
     if spec.backend != "auto":
         return _compile_with(spec.backend, spec, vocab)
     errors: list[GrammarError] = []

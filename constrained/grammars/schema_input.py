@@ -122,4 +122,24 @@ def _check_ref_loops(root: Any) -> None:
             stack.extend(node)
 
 
+def close_objects(text: str) -> str:
+    """The schema with ``"additionalProperties": false`` wherever an object schema is silent
+    about extra keys (vLLM's ``disable_additional_properties``, xgrammar's strict mode).
+
+    Every output still validates against the original schema; it just cannot add keys.
+    Refused for schemas with ``allOf``: closing each branch would forbid the others' keys.
+    """
+    from constrained.grammars.schema_support import iter_subschemas
+
+    schema = json.loads(text)
+    for path, sub in iter_subschemas(schema):
+        if "allOf" in sub:
+            raise ValueError(f"cannot close objects of a schema with 'allOf' (at {path})")
+        is_object = sub.get("type") == "object" or "properties" in sub
+        if is_object and not {"additionalProperties", "patternProperties",
+                              "unevaluatedProperties"} & set(sub):  # fmt: skip
+            sub["additionalProperties"] = False
+    return json.dumps(schema, ensure_ascii=False)
+
+
 _ANNOTATIONS = {"$comment", "title", "description", "$id", "$anchor", "default", "examples"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,6 +22,8 @@ class GrammarSpec:
     Lark for llguidance). ``whitespace`` applies to JSON schemas only: ``compact`` allows no
     whitespace between tokens; ``flexible`` allows up to ``max_whitespace`` spaces, newlines
     or tabs after each ``,`` and ``:``, so output can never run away with whitespace.
+    ``close_objects`` adds ``"additionalProperties": false`` to object schemas that say
+    nothing about extra keys.
     """
 
     kind: GrammarKind
@@ -28,6 +31,7 @@ class GrammarSpec:
     backend: BackendName = "auto"
     whitespace: Whitespace = "compact"
     max_whitespace: int = DEFAULT_MAX_WHITESPACE
+    close_objects: bool = False
 
     def with_backend(self, backend: str) -> GrammarSpec:
-        return GrammarSpec(self.kind, self.source, backend, self.whitespace, self.max_whitespace)  # type: ignore[arg-type]
+        return dataclasses.replace(self, backend=backend)  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ class XGrammarGrammar:
                 else:
                     kwargs = {"any_whitespace": True, "max_whitespace_cnt": spec.max_whitespace}
                 self.compiled = compiler.compile_json_schema(
-                    spec.source, strict_mode=True, **kwargs
+                    spec.source, strict_mode=spec.close_objects, **kwargs
                 )
             elif spec.kind == "regex":
                 self.compiled = compiler.compile_regex(spec.source)

@@ -47,6 +47,8 @@ def spec_of(options: Options) -> GrammarSpec | None:
         kwargs["whitespace"] = options.whitespace
     if options.max_whitespace is not None:
         kwargs["max_whitespace"] = options.max_whitespace
+    if options.disable_additional_properties:
+        kwargs["close_objects"] = True
     return GrammarSpec(kind, source, options.grammar_backend or "auto", **kwargs)  # type: ignore[arg-type]
 
 
