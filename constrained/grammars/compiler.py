@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,12 +66,20 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
             return _compile_with(backend, spec, vocab)
         except GrammarError as exc:
             errors.append(exc)
+    # llguidance (tried first) enforces the most; its reason leads, the others follow.
     reasons = "; ".join(str(e) for e in errors)
-    keyword = next((e.keyword for e in errors if e.keyword), None)
+    keyword = _keyword_named(str(errors[0])) if spec.kind == "json_schema" else None
     if keyword is not None:
-        raise GrammarError("", f"keyword '{keyword}' is not enforced by any backend ({reasons})",
-                           keyword=keyword)  # fmt: skip
+        raise GrammarError(
+            "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword
+        )
     raise GrammarError("", f"cannot be compiled ({reasons})")
+
+
+def _keyword_named(message: str) -> str | None:
+    """The JSON-schema keyword an llguidance refusal names ('Unimplemented keys: ["not"]')."""
+    found = re.search(r'[Uu]nimplemented keys?:?\s*\[?"([^"]+)"', message)
+    return found.group(1) if found else None
 
 
 def _compile_with(backend: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
