@@ -12,6 +12,8 @@ the constraint alone has to make the output valid) with ``constrained.demo.engin
     - ``none``: no constraint (reference; plain engine, nothing registered);
     - ``ours``: ``extra_args={"json_schema": ...}`` (our processors, ``grammar_backend``
       auto, compact whitespace);
+    - ``ours_strict``: the same plus ``"disable_additional_properties": True`` (objects whose
+      schema is silent about extra keys get none, as xgrammar's strict mode that vLLM uses);
     - ``vllm``: vLLM's ``StructuredOutputsParams(json=...)``, engine started with
       ``structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True}``;
     - ``vllm_ws``: the same with vLLM's default whitespace (``disable_any_whitespace`` off).
@@ -30,7 +32,7 @@ the constraint alone has to make the output valid) with ``constrained.demo.engin
 
 Usage::
 
-    python -m benchmarks.e2e_structured throughput                 # 3 rounds x 4 configs
+    python -m benchmarks.e2e_structured throughput                 # 3 rounds x 5 configs
     python -m benchmarks.e2e_structured throughput --batch 8 --tokens 16 --rounds 1 \\
         --configs none,ours,vllm --out /tmp/smoke                  # smoke test
     python -m benchmarks.e2e_structured validity                   # 15 splits x 20 schemas
@@ -57,7 +59,12 @@ from benchmarks.common import machine_info, median, str_list
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_MASKBENCH = REPO_ROOT.parent / "shared" / "data" / "maskbench"
-CONFIGS = ("none", "ours", "vllm", "vllm_ws")
+CONFIGS = ("none", "ours", "ours_strict", "vllm", "vllm_ws")
+# extra_args of our configurations, besides the schema.
+OURS_EXTRA: dict[str, dict[str, Any]] = {
+    "ours": {},
+    "ours_strict": {"disable_additional_properties": True},
+}
 SEED_BASE = 1000
 # Splits of MaskBench, by file-name prefix (all BFCL_* files are one split).
 SPLITS: tuple[str, ...] = (
@@ -77,6 +84,13 @@ SPLITS: tuple[str, ...] = (
     "Synthesized",
     "Handwritten",
 )
+
+
+def script_digest() -> str:
+    """sha1 of this file: each child records it, so a copy edited mid-run shows."""
+    import hashlib
+
+    return hashlib.sha1(pathlib.Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 def _set_env() -> None:
@@ -130,6 +144,10 @@ def check_output(text: str, schema: Any) -> tuple[str, str | None]:
 
 
 def first_words(message: str, count: int = 8) -> str:
+    """The first words of a refusal, after ``constrained: invalid option 'FIELD': ``."""
+    prefix = "constrained: invalid option '"
+    if message.startswith(prefix) and "': " in message:
+        message = message.split("': ", 1)[1]
     return " ".join(message.split()[:count])
 
 
@@ -208,11 +226,14 @@ def run_select(maskbench: pathlib.Path, count: int, seed: int, timeout: float) -
         except Exception as exc:
             why = f"vllm: {first_words(str(exc), 12)}"
         backend = None
-        if why is None:
-            try:  # ours: what validate_params does at admission
-                params = SamplingParams(extra_args={"json_schema": text})
+        for extra in OURS_EXTRA.values():
+            if why is not None:
+                break
+            try:  # ours: what validate_params does at admission (each of our configs)
+                params = SamplingParams(extra_args={"json_schema": text, **extra})
                 spec = spec_of(options_from_params(params, logits_width=width))
-                backend = describe(compiler.compile(spec, timeout=timeout))
+                compiled = describe(compiler.compile(spec, timeout=timeout))
+                backend = backend or compiled
             except Exception as exc:
                 why = f"ours: {first_words(str(exc), 12)}"
         if why is None:
@@ -236,8 +257,8 @@ def _params(config: str, text: str | None, index: int, max_tokens: int) -> Any:
     from vllm.sampling_params import StructuredOutputsParams
 
     common = {"temperature": 1.0, "seed": SEED_BASE + index, "max_tokens": max_tokens}
-    if config == "ours":
-        return SamplingParams(**common, extra_args={"json_schema": text})
+    if config in OURS_EXTRA:
+        return SamplingParams(**common, extra_args={"json_schema": text, **OURS_EXTRA[config]})
     if config in ("vllm", "vllm_ws"):
         return SamplingParams(**common, structured_outputs=StructuredOutputsParams(json=text))
     return SamplingParams(**common)
@@ -248,7 +269,7 @@ def _engine_kwargs(config: str) -> dict[str, Any]:
     from constrained.demo import engine_kwargs
 
     kwargs = engine_kwargs()
-    if config == "ours":
+    if config in OURS_EXTRA:
         kwargs["logits_processors"] = constrained.LOGITS_PROCESSORS
     elif config == "vllm":
         kwargs["structured_outputs_config"] = {
@@ -323,11 +344,10 @@ def run_throughput_child(
             }
         )
     produced = sum(r["output_tokens"] for r in records)
-    # Steps after the first two (prefill) with the whole batch still running: the cost of one
-    # decoding step at full batch, independent of how soon requests stop.
-    full = [ms for ms, running in steps[2:] if running == len(files)]
+    fit = step_fit(steps, 0.75 * len(files))
     return {
         "config": config,
+        "script_sha1": script_digest(),
         "engine_kwargs": kwargs,
         "startup_s": startup_s,
         "cold_seconds": cold_s,
@@ -338,12 +358,40 @@ def run_throughput_child(
         "requests_per_s": len(files) / seconds,
         "mean_output_tokens": produced / len(files),
         "steps": len(steps),
-        "step_ms_full_batch_median": median(full) if full else None,
-        "step_ms_full_batch_count": len(full),
+        "step_fit": fit,
+        "step_ms_at_3_4_batch": fit["ms_at"] if fit else None,
         "step_ms_and_running": [[round(ms, 3), running] for ms, running in steps],
         **_outcome_summary(records),
         "machine": machine_info(),
         "outputs": records,
+    }
+
+
+def step_fit(steps: list[tuple[float, int]], at: float) -> dict[str, Any] | None:
+    """Least-squares ``ms = intercept + slope * running`` over the decoding steps.
+
+    Leaves out the first two steps (prefill), calls that returned before the engine produced
+    anything (< 1 ms) and stalls (> 3x the median step, e.g. the first masks of new
+    requests), so the fit is the per-step cost at a given occupancy, whatever the lengths.
+    """
+    body = [(ms, n) for ms, n in steps[2:] if ms >= 1.0]
+    if len(body) < 3:
+        return None
+    cap = 3.0 * median([ms for ms, _ in body])
+    body = [(ms, n) for ms, n in body if ms <= cap]
+    xs, ys = [float(n) for _, n in body], [ms for ms, _ in body]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    intercept = my - slope * mx
+    return {
+        "intercept_ms": intercept,
+        "ms_per_running_request": slope,
+        "at_running": at,
+        "ms_at": intercept + slope * at,
+        "steps_used": len(body),
+        "running_range": [min(xs), max(xs)],
+        "stalls_left_out_ms": [round(ms, 1) for ms, _ in steps[2:] if ms > cap],
     }
 
 
@@ -383,6 +431,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "benchmark": "e2e_structured",
         "machine": machine_info(),
+        "script_sha1": script_digest(),
         "settings": {
             "batch": args.batch,
             "tokens": args.tokens,
@@ -423,8 +472,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         for round_ in range(args.rounds):
             for config in args.configs:
                 extra = []
-                if args.profile and config == "ours" and round_ == 0:
-                    extra = ["--profile", str(out / "e2e_structured_ours.prof")]
+                if args.profile_dir and config in OURS_EXTRA and round_ == 0:
+                    prof = pathlib.Path(args.profile_dir) / f"e2e_structured_{config}.prof"
+                    extra = ["--profile", str(prof)]
                 record = _child(
                     [
                         "_run",
@@ -448,7 +498,7 @@ def run_throughput(args: argparse.Namespace) -> int:
                         f"round {round_} {config:8s}: {record['requests_per_s']:6.2f} req/s "
                         f"{record['tokens_per_s']:7.1f} tok/s  stop {record['finished_stop']}"
                         f"/{record['requests']}  valid {record['valid_among_finished']}"
-                        f"  step@full {record['step_ms_full_batch_median']} ms",
+                        f"  step@3/4 {record['step_ms_at_3_4_batch']:.1f} ms",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -466,7 +516,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             f"{s['tokens_per_s_median']:7.1f} tok/s  stop {s['finished_stop_share_median']:.0%}"
             f"  valid/finished {s['valid_among_finished_share_min']}"
             f"  valid/all {s['valid_all_share_median']:.0%}"
-            f"  step@full {s['step_ms_full_batch_median_median']} ms"
+            f"  step@3/4 {s['step_ms_at_3_4_batch_median']:.1f} ms"
         )
     print(f"wrote {json_path} and {png_path}")
     return 1 if any("error" in r for r in runs) else 0
@@ -487,7 +537,7 @@ def _throughput_summary(runs: list[dict[str, Any]], configs: list[str]) -> list[
             "startup_s",
             "output_tokens",
             "mean_output_tokens",
-            "step_ms_full_batch_median",
+            "step_ms_at_3_4_batch",
             "finished_stop_share",
             "valid_all_share",
         ):
@@ -501,10 +551,12 @@ def _throughput_summary(runs: list[dict[str, Any]], configs: list[str]) -> list[
         entry["valid_among_finished_share_min"] = min(known) if known else None
         summary.append(entry)
     by = {s["config"]: s for s in summary}
-    if "ours" in by and "vllm" in by:
-        for key in ("requests_per_s", "tokens_per_s", "step_ms_full_batch_median"):
-            ours, vllm = by["ours"][f"{key}_median"], by["vllm"][f"{key}_median"]
-            by["ours"][f"{key}_over_vllm"] = ours / vllm if ours and vllm else None
+    for name in OURS_EXTRA:
+        if name not in by or "vllm" not in by:
+            continue
+        for key in ("requests_per_s", "tokens_per_s", "step_ms_at_3_4_batch"):
+            ours, vllm = by[name][f"{key}_median"], by["vllm"][f"{key}_median"]
+            by[name][f"{key}_over_vllm"] = ours / vllm if ours and vllm else None
     return summary
 
 
@@ -517,12 +569,18 @@ def plot_throughput(report: dict[str, Any], path: pathlib.Path) -> None:
     summary = report["summary"]
     if not summary:
         return
-    colors = {"none": "#9e9e9e", "ours": "#ff7f0e", "vllm": "#1f77b4", "vllm_ws": "#aec7e8"}
+    colors = {
+        "none": "#9e9e9e",
+        "ours": "#ff7f0e",
+        "ours_strict": "#ffbb78",
+        "vllm": "#1f77b4",
+        "vllm_ws": "#aec7e8",
+    }
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for ax, key, label in (
         (axes[0], "requests_per_s", "requests/s"),
         (axes[1], "tokens_per_s", "output tokens/s"),
-        (axes[2], "step_ms_full_batch_median", "ms per step, whole batch running"),
+        (axes[2], "step_ms_at_3_4_batch", "ms per step at 3/4 batch running (fit)"),
     ):
         for i, s in enumerate(summary):
             values = [v for v in s[f"{key}_all"] if v is not None]
@@ -531,19 +589,19 @@ def plot_throughput(report: dict[str, Any], path: pathlib.Path) -> None:
             ax.bar(i, s[f"{key}_median"], 0.6, color=colors.get(s["config"], "#777777"))
             ax.plot([i] * len(values), values, "k.", markersize=5)
             note = f"{s[f'{key}_median']:.1f}"
-            if s["config"] != "none" and key != "step_ms_full_batch_median":
+            if s["config"] != "none" and key != "step_ms_at_3_4_batch":
                 note += f"\nvalid {s['valid_all_share_median']:.0%}"
                 note += f"\nstop {s['finished_stop_share_median']:.0%}"
             ax.text(i, s[f"{key}_median"], note, ha="center", va="bottom", fontsize=8)
         top = max((v for s in summary for v in s[f"{key}_all"] if v is not None), default=1)
         ax.set_ylim(0, top * 1.3)
         ax.set_xticks(range(len(summary)), [s["config"] for s in summary])
-        ax.set_ylabel(f"{label} (median bar, rounds as dots)")
+        ax.set_ylabel(label)
     settings, machine = report["settings"], report["machine"]
     fig.suptitle(
         f"JSON schema, {settings['batch']} MaskBench schemas x {settings['tokens']} max tokens, "
         f"T=1, {settings['rounds']} rounds; {machine['cpu_model']} x{machine['cpu_cores']}, "
-        f"vLLM {machine['vllm']}",
+        f"vLLM {machine['vllm']}\nbars: median of the rounds; dots: each round",
         fontsize=10,
     )
     fig.tight_layout()
@@ -568,6 +626,19 @@ def sample_splits(maskbench: pathlib.Path, per_split: int, seed: int) -> list[st
     return chosen
 
 
+CLOSERS = ('"', '",', '"}', '"]', "}", "]", "},", "],", "}}", "]}", "}]")
+
+
+def closing_bias(tokenizer: Any, value: float) -> dict[int, float]:
+    """``{token id: value}`` for the ``CLOSERS`` that are single tokens of ``tokenizer``."""
+    bias: dict[int, float] = {}
+    for text in CLOSERS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1:
+            bias[ids[0]] = value
+    return bias
+
+
 def run_validity(args: argparse.Namespace) -> int:
     _set_env()
     from vllm import LLM, SamplingParams
@@ -587,7 +658,10 @@ def run_validity(args: argparse.Namespace) -> int:
     model_config = llm.llm_engine.model_config
     vocab = load_vocab(_tokenizer_path(model_config), int(model_config.get_vocab_size()))
     compiler = compiler_for(vocab)
-    extra = {"grammar_backend": args.backend}
+    extra: dict[str, Any] = {"grammar_backend": args.backend}
+    bias = closing_bias(llm.get_tokenizer(), args.close_bias) if args.close_bias else {}
+    if bias:
+        extra["logit_bias"] = bias
 
     records: list[dict[str, Any]] = []
     admitted: list[int] = []
@@ -668,6 +742,8 @@ def run_validity(args: argparse.Namespace) -> int:
             "max_tokens": args.max_tokens,
             "temperature": 1.0,
             "grammar_backend": args.backend,
+            "close_bias": args.close_bias,
+            "logit_bias": {str(k): v for k, v in bias.items()},
             "whitespace": "compact (default)",
             "engine_kwargs": kwargs,
             "maskbench": str(args.maskbench),
@@ -690,7 +766,7 @@ def run_validity(args: argparse.Namespace) -> int:
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "generation_validity.json"
+    path = out / ("generation_validity_biased.json" if bias else "generation_validity.json")
     path.write_text(json.dumps(report, indent=2) + "\n")
     _print_validity(report)
     print(f"wrote {path}")
@@ -757,15 +833,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile-timeout", type=float, default=10.0, help="selection: seconds per compile"
     )
     tp.add_argument(
-        "--profile",
-        action="store_true",
-        help="cProfile the first 'ours' timed call (frontend process only) to OUT/*.prof",
+        "--profile-dir",
+        metavar="DIR",
+        help="cProfile the round-0 timed call of our configs (frontend process only: admission "
+        "and output handling; the processors run in the engine's worker) into DIR/*.prof",
     )
 
     va = sub.add_parser("validity", help="validity of our outputs across MaskBench splits")
     common(va)
     va.add_argument("--per-split", type=int, default=20, help="schemas drawn per split")
     va.add_argument("--max-tokens", type=int, default=512)
+    va.add_argument(
+        "--close-bias",
+        type=float,
+        default=0.0,
+        help="add this logit_bias (ours) to single tokens that close JSON strings, objects "
+        "and arrays, so more outputs finish (writes generation_validity_biased.json)",
+    )
     va.add_argument("--seed", type=int, default=0, help="seed of the per-split sample")
     va.add_argument(
         "--backend",

@@ -8,6 +8,7 @@ local ``$ref`` chains that loop without describing anything.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -49,6 +50,14 @@ def schema_text(value: Any) -> str | None:
     except (ValueError, TypeError) as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
     _check_size(len(text.encode()))
+    return _checked(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(text: str) -> str:
+    """Meta-schema and ``$ref`` checks, once per distinct schema: vLLM validates and adds a
+    request once per registered processor, and requests repeat schemas."""
+    value = json.loads(text)
     _check_meta_schema(value)
     _check_ref_loops(value)
     return text
