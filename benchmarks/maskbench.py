@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import ctypes
 import json
 import os
 import pathlib
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -331,8 +334,15 @@ def warm_up(config: str) -> None:
         _WALKER.walk(compiled, _WALKER.tokens({"a": "warm"}))
 
 
+def die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the parent dies (never leave orphans compiling)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def worker_main(conn: Connection, config: str) -> None:
     """Serve (case, config) tasks until told to stop."""
+    die_with_parent()
     warm_up(config)
     while True:
         task = conn.recv()
@@ -507,9 +517,8 @@ def summarize(outcomes: list[Outcome], mask_ns: np.ndarray) -> dict[str, Any]:
     }
 
 
-def run_config(
-    config: str, cases: list[Case], args: argparse.Namespace
-) -> tuple[dict[str, Any], list[Outcome]]:
+def run_config(config: str, cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one configuration over ``cases``; per-schema rows go to ``--details`` as they come."""
     outcomes: list[Outcome] = []
     chunks: list[np.ndarray] = []
     begun = time.monotonic()
@@ -517,10 +526,12 @@ def run_config(
         chunks.append(np.asarray(outcome.mask_ns, dtype=np.int64))
         outcome.mask_ns = []
         outcomes.append(outcome)
+        if args.details:
+            write_detail(args.details, config, outcome)
     mask_ns = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
     summary = summarize(outcomes, mask_ns)
     summary["wall_s"] = round(time.monotonic() - begun, 1)
-    return summary, outcomes
+    return summary
 
 
 # --------------------------------------------------------------------------- output
@@ -607,12 +618,11 @@ def print_table(results: dict[str, Any]) -> None:
               f"{c['p50']}/{c['p99']} | {m['p50']}/{m['p99']}/{m['max']}")  # fmt: skip
 
 
-def write_details(path: pathlib.Path, config: str, outcomes: list[Outcome]) -> None:
+def write_detail(path: pathlib.Path, config: str, outcome: Outcome) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    row = {k: v for k, v in asdict(outcome).items() if k != "mask_ns"}
     with path.open("a", encoding="utf-8") as f:
-        for o in outcomes:
-            row = {k: v for k, v in asdict(o).items() if k != "mask_ns"}
-            f.write(json.dumps({"config": config, **row}) + "\n")
+        f.write(json.dumps({"config": config, **row}) + "\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -643,25 +653,21 @@ def main(argv: list[str] | None = None) -> None:
     samples = parse_samples(args.sample, args.configs)
     _WALKER = Walker(build_vocab(args.configs))
     machine = {**machine_info(), "lscpu": lscpu_head(), "versions": versions()}
-    results: dict[str, Any] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
     for config in args.configs:
         chosen = (
             stratified_sample(cases, samples[config], args.seed) if config in samples else cases
         )
-        summary, outcomes = run_config(config, chosen, args)
+        summary = run_config(config, chosen, args)
         summary.update(
             sampled=len(chosen) < len(all_cases),
             sample={"size": samples.get(config), "seed": args.seed, "limit": args.limit},
             timeout_s=args.timeout,
             machine=machine,
         )
-        results[config] = summary
-        if args.details:
-            write_details(args.details, config, outcomes)
         print_table({config: summary})
-    args.out.mkdir(parents=True, exist_ok=True)
-    doc = save(args.out / "maskbench.json", results)
-    plot(doc, args.out / "maskbench.png")
+        doc = save(args.out / "maskbench.json", {config: summary})  # saved after every config
+        plot(doc, args.out / "maskbench.png")
 
 
 if __name__ == "__main__":
