@@ -13,10 +13,12 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import difflib
 import json
 import math
 import os
+import threading
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -346,9 +348,14 @@ _BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
 }
 
 
-# vLLM validates (and adds) a request once per registered processor class, back to back, with
-# the same params object: remember the last answer so it is parsed once.
-_last: tuple[Any, int | None, Options | OptionError | None] | None = None
+# vLLM validates a request once per registered processor class, back to back, and the engine
+# adds a whole batch to each processor in turn: remember recent answers per params object
+# (held, so its id cannot be reused while cached) so each request is parsed once.
+_MEMO_SIZE = 256  # bounded: each entry holds a request's schema text
+_memo: collections.OrderedDict[int, tuple[Any, int | None, Options | OptionError | None]] = (
+    collections.OrderedDict()
+)
+_memo_lock = threading.Lock()
 
 
 def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
@@ -357,16 +364,21 @@ def options_from_params(params: Any, *, logits_width: int | None = None) -> Opti
     Raises:
         OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
     """
-    global _last
-    last = _last
-    if last is not None and last[0] is params and last[1] == logits_width:
-        result = last[2]
+    key = id(params)
+    with _memo_lock:
+        hit = _memo.get(key)
+    if hit is not None and hit[0] is params and hit[1] == logits_width:
+        result = hit[2]
     else:
         try:
             result = _parse_params(params, logits_width)
         except OptionError as exc:
             result = exc
-        _last = (params, logits_width, result)
+        with _memo_lock:
+            _memo[key] = (params, logits_width, result)
+            _memo.move_to_end(key)
+            while len(_memo) > _MEMO_SIZE:
+                _memo.popitem(last=False)
     if isinstance(result, OptionError):
         raise result
     return result

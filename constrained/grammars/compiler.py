@@ -21,8 +21,9 @@ from typing import Any
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.llguidance_backend import LLGuidanceGrammar
 from constrained.grammars.outlines_backend import OutlinesGrammar
+from constrained.grammars.regex_size import regex_size_problem
 from constrained.grammars.schema_input import close_objects
-from constrained.grammars.schema_support import unsupported_keyword
+from constrained.grammars.schema_support import iter_subschemas, unsupported_keyword
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
 from constrained.grammars.xgrammar_backend import XGrammarGrammar
@@ -58,6 +59,7 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
             spec = dataclasses.replace(spec, source=close_objects(spec.source))
         except ValueError as exc:
             raise GrammarError("", str(exc), keyword="allOf") from None
+    _refuse_huge_regexes(spec)
     if spec.backend != "auto":
         return _compile_with(spec.backend, spec, vocab)
     errors: list[GrammarError] = []
@@ -74,6 +76,21 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
             "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword
         )
     raise GrammarError("", f"cannot be compiled ({reasons})")
+
+
+def _refuse_huge_regexes(spec: GrammarSpec) -> None:
+    """A regex (or a schema's ``pattern``) too big to unroll is refused for every backend."""
+    if spec.kind == "regex":
+        problem = regex_size_problem(spec.source)
+        if problem:
+            raise GrammarError("", problem)
+    elif spec.kind == "json_schema":
+        for path, sub in iter_subschemas(json.loads(spec.source)):
+            patterns = [sub.get("pattern"), *(sub.get("patternProperties") or {})]
+            for pattern in patterns:
+                problem = isinstance(pattern, str) and regex_size_problem(pattern)
+                if problem:
+                    raise GrammarError("", f"'pattern' at {path} {problem}", keyword="pattern")
 
 
 def _keyword_named(message: str) -> str | None:
