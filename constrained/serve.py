@@ -5,7 +5,9 @@ Equivalent to::
     python -m vllm.entrypoints.openai.api_server --model DIR \\
         --logits-processors constrained.processors.logit_bias:LogitBiasProcessor ...
 
-Our processors are appended to any ``--logits-processors`` the user gives. The process is
+Our processors are appended to any ``--logits-processors`` the user gives, and our
+``--middleware`` (``constrained.stream_checks``) is added so a streaming request with bad
+options gets HTTP 400 too. The process is
 replaced by vLLM's (``exec``), so signals and exit codes are vLLM's own.
 """
 
@@ -18,6 +20,8 @@ from constrained import LOGITS_PROCESSORS
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 FLAG = "--logits-processors"
+# Refuses streaming requests with bad options with HTTP 400 before the stream starts.
+STREAM_CHECK = "constrained.stream_checks.refuse_bad_streaming_options"
 
 
 def server_argv(args: list[str]) -> list[str]:
@@ -39,7 +43,8 @@ def server_argv(args: list[str]) -> list[str]:
             rest.append(arg)
         i += 1
     procs = user_procs + [p for p in LOGITS_PROCESSORS if p not in user_procs]
-    return [*rest, FLAG, *procs]
+    middleware = [] if STREAM_CHECK in rest else ["--middleware", STREAM_CHECK]
+    return [*rest, *middleware, FLAG, *procs]
 
 
 def main(args: list[str]) -> None:

@@ -57,6 +57,16 @@ def test_server_refuses_with_400_naming_the_field(http, case):
     assert choice["finish_reason"] == "stop" and len(choice["text"]) == 3
 
 
+@pytest.mark.parametrize("case", [c for c in CORPUS if not c.builtin], ids=lambda c: c.id)
+def test_streaming_request_is_refused_with_400_before_the_stream(http, case):
+    """Our launcher's middleware checks streaming requests first (vLLM would answer 200 and
+    put the error in the event stream). Conflicts with vLLM's own fields are left to the
+    engine's check, which reports them inside the stream."""
+    resp = _post(http, {**_body(case), "stream": True})
+    assert resp.status_code == 400, resp.text[:500]
+    assert f"'{case.field}'" in resp.json()["error"]["message"]
+
+
 def _sampling_params(case: Bad):
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams

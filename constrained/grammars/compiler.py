@@ -133,6 +133,11 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return future
 
+    def cache_len(self) -> int:
+        """Compiles held (done or running); at most ``cache_size``."""
+        with self._lock:
+            return len(self._cache)
+
     def compile(self, spec: GrammarSpec, timeout: float | None = None) -> CompiledGrammar:
         """Compile (or fetch) within ``timeout`` seconds.
 

@@ -22,6 +22,7 @@ from vllm.v1.sample.logits_processor.interface import LogitsProcessor as V1Logit
 
 from constrained.options import OptionError, Options, options_from_params
 from constrained.processors.slots import SlotTable
+from constrained.processors.stats import REPORTER
 
 try:  # vLLM 0.32+; older releases have only the V1 interface.
     from vllm.v1.worker.gpu.sample.logits_processor.interface import (
@@ -64,6 +65,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self.vllm_config = vllm_config
         self.slots = SlotTable(capacity, device, self.columns())
         self.slots.flush()
+        REPORTER.register(self)
 
     # ---- what a subclass provides ------------------------------------------------------
 
@@ -126,6 +128,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
             else:
                 self.slots.move(src, dst)
         self.slots.flush()
+        REPORTER.tick()
 
     # ---- Model Runner V2 ---------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     def apply_staged_writes(self) -> None:
         self.slots.flush()
+        REPORTER.tick()
 
     # ---- both --------------------------------------------------------------------------
 

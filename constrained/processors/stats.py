@@ -1,0 +1,93 @@
+"""Optional state snapshots from the engine process, for soak tests and operators.
+
+With ``CONSTRAINED_STATS_PATH=/some/file.json`` set in the server's environment, the engine
+process rewrites that file (atomically, at most once per ``CONSTRAINED_STATS_INTERVAL_S``,
+default 1 s, from the batch-update hook) with what our processors hold: per processor, the
+slots in use and the per-request objects kept; the compile cache's entries; the process's
+resident memory. Unset (the default), it costs one attribute check per step.
+
+Example snapshot::
+
+    {"pid": 4242, "time": 1763700000.0, "rss_mb": 1830.5,
+     "processors": {"GrammarMaskProcessor": {"active_slots": 3, "payloads": 3, "capacity": 64}},
+     "compile_cache": {"entries": 17, "capacity": 512}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from typing import Any
+
+STATS_ENV = "CONSTRAINED_STATS_PATH"
+INTERVAL_ENV = "CONSTRAINED_STATS_INTERVAL_S"
+
+
+class StatsReporter:
+    """Collects the live processors of this process and writes their snapshot when due."""
+
+    def __init__(self, path: str | None, interval_s: float) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self._processors: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._last = 0.0
+
+    def register(self, processor: Any) -> None:
+        if self.path:
+            self._processors.add(processor)
+
+    def tick(self) -> None:
+        """Write the snapshot if the interval has passed (cheap no-op when disabled)."""
+        if not self.path:
+            return
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return
+        self._last = now
+        self.write()
+
+    def snapshot(self) -> dict[str, Any]:
+        processors: dict[str, Any] = {}
+        caches: dict[int, Any] = {}
+        for proc in list(self._processors):
+            slots = proc.slots
+            processors[type(proc).__name__] = {
+                "active_slots": int(slots.active.sum()),
+                "payloads": sum(p is not None for p in slots.payload),
+                "capacity": slots.capacity,
+            }
+            compiler = getattr(proc, "compiler", None)
+            if compiler is not None:
+                caches[id(compiler)] = compiler
+        entries = sum(c.cache_len() for c in caches.values())
+        capacity = sum(c.cache_size for c in caches.values())
+        return {
+            "pid": os.getpid(),
+            "time": time.time(),
+            "rss_mb": _rss_mb(),
+            "processors": processors,
+            "compile_cache": {"entries": entries, "capacity": capacity},
+        }
+
+    def write(self) -> None:
+        assert self.path is not None
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.snapshot(), f)
+        os.replace(tmp, self.path)
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError):  # not Linux
+        return -1.0
+
+
+REPORTER = StatsReporter(
+    os.environ.get(STATS_ENV) or None, float(os.environ.get(INTERVAL_ENV, "1.0"))
+)
