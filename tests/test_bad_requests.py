@@ -116,3 +116,43 @@ def test_regex_size_unrolls_counted_repetitions(pattern, size):
 def test_regex_size_limit_is_inclusive():
     assert regex_size_problem("x{20000}", limit=20_000) is None
     assert "20,001" in regex_size_problem("x{20001}", limit=20_000)
+
+
+def test_stream_check_matches_the_engine_check_without_a_server():
+    from constrained.stream_checks import check_xargs
+
+    assert "'min_p'" in check_xargs({"min_p": 2.0})
+    assert "'regex'" in check_xargs({"regex": "(unclosed", "json_schema": "{}"})
+    assert check_xargs({"min_p": 0.2, "repetition_penalty": 1.1}) is None
+    assert check_xargs(["not", "a", "mapping"]) is None  # vLLM's request model refuses it
+
+
+def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
+    import numpy as np
+
+    from constrained.processors.stats import StatsReporter
+
+    class Slots:
+        def __init__(self) -> None:
+            self.capacity = 4
+            self.active = np.array([True, False, True, False])
+            self.payload = [object(), None, None, None]
+
+    class Compiler:
+        cache_size = 512
+
+        def cache_len(self) -> int:
+            return 7
+
+    class FakeProcessor:
+        slots = Slots()
+        compiler = Compiler()
+
+    reporter = StatsReporter(str(tmp_path / "stats.json"), interval_s=0)
+    proc = FakeProcessor()
+    reporter.register(proc)
+    reporter.tick()
+    snap = json.loads((tmp_path / "stats.json").read_text())
+    assert snap["processors"]["FakeProcessor"] == {"active_slots": 2, "payloads": 1, "capacity": 4}
+    assert snap["compile_cache"] == {"entries": 7, "capacity": 512}
+    assert StatsReporter(None, 0).snapshot()["processors"] == {}  # disabled: registers nothing
