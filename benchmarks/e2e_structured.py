@@ -14,13 +14,15 @@ the constraint alone has to make the output valid) with ``constrained.demo.engin
       auto, compact whitespace);
     - ``ours_strict``: the same plus ``"disable_additional_properties": True`` (objects whose
       schema is silent about extra keys get none, as xgrammar's strict mode that vLLM uses);
+    - ``ours_xgrammar``: ``ours_strict`` with ``"grammar_backend": "xgrammar"``, vLLM's backend;
     - ``vllm``: vLLM's ``StructuredOutputsParams(json=...)``, engine started with
       ``structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True}``;
     - ``vllm_ws``: the same with vLLM's default whitespace (``disable_any_whitespace`` off).
 
     The schemas are drawn with a fixed seed from all of MaskBench, keeping those that both
     vLLM's xgrammar backend (its admission check and a compile) and our admission (option
-    parsing and the ``auto`` compile) accept. Writes ``e2e_structured.json`` and ``.png``.
+    parsing and the compile) of each of our configurations in ``--configs`` accept. Writes
+    ``e2e_structured.json`` and ``.png``.
 
 ``validity``
     A stratified sample of MaskBench (``--per-split`` schemas from each split, by file-name
@@ -59,11 +61,13 @@ from benchmarks.common import machine_info, median, str_list
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_MASKBENCH = REPO_ROOT.parent / "shared" / "data" / "maskbench"
-CONFIGS = ("none", "ours", "ours_strict", "vllm", "vllm_ws")
+CONFIGS = ("none", "ours", "ours_strict", "ours_xgrammar", "vllm", "vllm_ws")
 # extra_args of our configurations, besides the schema.
 OURS_EXTRA: dict[str, dict[str, Any]] = {
     "ours": {},
     "ours_strict": {"disable_additional_properties": True},
+    # The same backend as vLLM's (auto would pick llguidance): isolates the backend's cost.
+    "ours_xgrammar": {"disable_additional_properties": True, "grammar_backend": "xgrammar"},
 }
 SEED_BASE = 1000
 # Splits of MaskBench, by file-name prefix (all BFCL_* files are one split).
@@ -177,7 +181,9 @@ def _with_timeout(pool: ThreadPoolExecutor, fn: Any, timeout: float) -> Any:
     return pool.submit(fn).result(timeout=timeout)
 
 
-def run_select(maskbench: pathlib.Path, count: int, seed: int, timeout: float) -> dict[str, Any]:
+def run_select(
+    maskbench: pathlib.Path, count: int, seed: int, timeout: float, ours: list[str]
+) -> dict[str, Any]:
     """Shuffle MaskBench with ``seed``; keep the first ``count`` schemas both sides accept."""
     _set_env()
     import xgrammar as xgr
@@ -226,7 +232,7 @@ def run_select(maskbench: pathlib.Path, count: int, seed: int, timeout: float) -
         except Exception as exc:
             why = f"vllm: {first_words(str(exc), 12)}"
         backend = None
-        for extra in OURS_EXTRA.values():
+        for extra in (OURS_EXTRA[c] for c in ours):
             if why is not None:
                 break
             try:  # ours: what validate_params does at admission (each of our configs)
@@ -456,6 +462,8 @@ def run_throughput(args: argparse.Namespace) -> int:
             str(args.seed),
             "--compile-timeout",
             str(args.compile_timeout),
+            "--ours",
+            ",".join(c for c in args.configs if c in OURS_EXTRA) or "ours",
         ],
         "--child-out",
     )
@@ -573,6 +581,7 @@ def plot_throughput(report: dict[str, Any], path: pathlib.Path) -> None:
         "none": "#9e9e9e",
         "ours": "#ff7f0e",
         "ours_strict": "#ffbb78",
+        "ours_xgrammar": "#d62728",
         "vllm": "#1f77b4",
         "vllm_ws": "#aec7e8",
     }
@@ -864,6 +873,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sel.add_argument("--seed", type=int, required=True)
     sel.add_argument("--compile-timeout", type=float, required=True)
     sel.add_argument("--child-out", required=True)
+    sel.add_argument("--ours", type=str_list, default=["ours"], help="our configs that must admit")
 
     run = sub.add_parser("_run", help=argparse.SUPPRESS)
     run.add_argument("config", choices=CONFIGS)
@@ -887,7 +897,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "_select":
-        record = run_select(args.maskbench, args.batch, args.seed, args.compile_timeout)
+        record = run_select(args.maskbench, args.batch, args.seed, args.compile_timeout, args.ours)
         pathlib.Path(args.child_out).write_text(json.dumps(record, indent=2) + "\n")
         sys.stdout.flush()
         os._exit(0)  # a compile that timed out may still run in a worker thread

@@ -30,6 +30,7 @@ import pytest
 
 from benchmarks.maskbench import Walker
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
+from constrained.grammars.schema_support import _json_type as json_type
 
 SUITE = (
     pathlib.Path(__file__).resolve().parents[2]
@@ -132,18 +133,6 @@ def load_groups() -> list[Group]:
                           group["schema"], group["tests"])
                 )  # fmt: skip
     return groups
-
-
-def json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
 
 
 def typed(group: Group) -> Group | None:

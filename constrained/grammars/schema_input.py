@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from constrained.grammars.schema_support import resolve_pointer
+
 MAX_SCHEMA_BYTES_ENV = "CONSTRAINED_MAX_SCHEMA_BYTES"
 DEFAULT_MAX_SCHEMA_BYTES = 4 << 20
 MAX_DEPTH = 128
@@ -93,21 +95,6 @@ def _check_meta_schema(value: Any) -> None:
         raise ValueError("too deeply nested to check") from None
 
 
-def _resolve(root: Any, pointer: str) -> Any:
-    node = root
-    for part in pointer.removeprefix("#").strip("/").split("/"):
-        if not part:
-            continue
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _check_ref_loops(root: Any) -> None:
     """Refuse ``{"$ref": A}`` -> ``{"$ref": B}`` -> ... -> A: it describes no value at all."""
     stack = [root]
@@ -117,7 +104,7 @@ def _check_ref_loops(root: Any) -> None:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#"):
                 seen = {id(node)}
-                target = _resolve(root, ref)
+                target = resolve_pointer(root, ref)
                 while isinstance(target, Mapping) and set(target) - _ANNOTATIONS == {"$ref"}:
                     if id(target) in seen:
                         raise ValueError(f"'$ref' loop: {ref!r} refers back to itself")
@@ -125,7 +112,7 @@ def _check_ref_loops(root: Any) -> None:
                     next_ref = target["$ref"]
                     if not (isinstance(next_ref, str) and next_ref.startswith("#")):
                         break
-                    target = _resolve(root, next_ref)
+                    target = resolve_pointer(root, next_ref)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
