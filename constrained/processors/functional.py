@@ -147,7 +147,30 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
     except ImportError:  # pragma: no cover - xgrammar ships with vLLM
         apply_token_bitmask_torch(logits, bitmask, rows)
         return
+    if logits.is_cpu and logits.is_contiguous() and logits.shape[1] % 32 == 0:
+        bitmask = _fill_empty_words(logits, bitmask, rows)
     apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1], indices=rows)
+
+
+def _fill_empty_words(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Mask every all-zero bitmask word's 32 logits at once; return the bitmask with those
+    words set to all-allowed, for xgrammar's kernel to finish the mixed words.
+
+    xgrammar's CPU kernel visits masked tokens one by one: 38 ms for 64 rows of 151,936 when
+    few tokens are allowed (JSON structure), 4 ms when most are (inside a string). Filling
+    empty words as rows of a ``[rows * words, 32]`` view costs 3 ms in the first case.
+    """
+    words = logits.shape[1] // 32
+    index = torch.tensor(rows, dtype=torch.long)
+    selected = bitmask[index, :words]
+    empty = selected == 0
+    row_of, word_of = empty.nonzero(as_tuple=True)
+    if row_of.numel() < empty.numel() // 64:  # mostly allowed: the kernel alone is faster
+        return bitmask
+    logits.view(-1, 32).index_fill_(0, index[row_of] * words + word_of, float("-inf"))
+    patched = bitmask.clone()
+    patched[index, :words] = selected.masked_fill(empty, -1)
+    return patched
 
 
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
