@@ -42,9 +42,8 @@ async def refuse_bad_streaming_options(request: Request, call_next: Any) -> Resp
 
 def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
     """The error the engine would give these options (parse and compile), or ``None``."""
-    from constrained.grammars import GrammarError, compiler_for, load_vocab
     from constrained.options import OptionError, Options
-    from constrained.processors.grammar_mask import _tokenizer_path, spec_of
+    from constrained.processors.grammar_mask import compile_for_admission
 
     if not isinstance(xargs, dict):
         return None  # vLLM's request model refuses it
@@ -52,13 +51,8 @@ def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
     width = int(model_config.get_vocab_size()) if model_config is not None else None
     try:
         options = Options.from_extra_args(xargs, logits_width=width)
-        spec = spec_of(options) if options is not None else None
-        if spec is not None and model_config is not None:
-            vocab = load_vocab(_tokenizer_path(model_config), width)
-            try:
-                compiler_for(vocab).compile(spec)
-            except GrammarError as exc:
-                raise OptionError(spec.kind, str(exc)) from None
+        if options is not None and model_config is not None:
+            compile_for_admission(options, model_config)
     except OptionError as exc:
         return str(exc)
     except Exception:  # anything unexpected: let the engine's own check answer

@@ -121,16 +121,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         model_config = _frontend_model_config()
         width = int(model_config.get_vocab_size()) if model_config is not None else None
         options = options_from_params(sampling_params, logits_width=width)
-        spec = spec_of(options) if options is not None else None
-        if spec is None or model_config is None:
-            return
-        vocab = load_vocab(_tokenizer_path(model_config), width)
-        try:
-            compiler_for(vocab).compile(spec)
-        except GrammarError as exc:
-            raise OptionError(spec.kind, str(exc)) from None
-        except Exception as exc:  # a backend bug is still this request's problem only
-            raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
+        if options is not None and model_config is not None:
+            compile_for_admission(options, model_config)
 
     # ---- per-request state ---------------------------------------------------------
 
@@ -301,6 +293,25 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             self._device_bitmask = torch.empty_like(self.bitmask, device=device)
         self._device_bitmask[:num_rows].copy_(host, non_blocking=False)
         return self._device_bitmask[:num_rows]
+
+
+def compile_for_admission(options: Options, model_config: Any) -> None:
+    """Compile the request's constraint (if any) with the served tokenizer, or refuse it.
+
+    Raises:
+        OptionError: naming the constraint's field, when it does not compile in time.
+    """
+    spec = spec_of(options)
+    if spec is None:
+        return
+    width = int(model_config.get_vocab_size())
+    vocab = load_vocab(_tokenizer_path(model_config), width)
+    try:
+        compiler_for(vocab).compile(spec)
+    except GrammarError as exc:
+        raise OptionError(spec.kind, str(exc)) from None
+    except Exception as exc:  # a backend bug is still this request's problem only
+        raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
 
 
 def _tokenizer_path(model_config: Any) -> str:
