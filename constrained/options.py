@@ -2,8 +2,9 @@
 
 The same model parses offline ``SamplingParams.extra_args`` and the server's ``vllm_xargs``
 (which cannot carry nested objects, so mapping-valued options also arrive as JSON strings).
-It is what every processor's ``validate_params`` runs at admission, so a bad request is
-refused with an error naming the field before it reaches the sampler.
+It is a pure schema: each value's type and range, and which options go together. Checks
+that need the request or the engine (unknown keys, vLLM's own twins, the logits width,
+registered processors, compiling a constraint) are in ``constrained.admission``.
 
 Example::
 
@@ -13,12 +14,8 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import difflib
 import json
 import math
-import os
-import threading
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -32,13 +29,6 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-
-# Keys vLLM itself reads from extra_args (KV/EC transfer, KV report, sessions): never refused.
-VLLM_EXTRA_ARGS_KEYS = frozenset(
-    {"kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id"}
-)
-# Comma-separated extra_args keys meant for other plugins, or "*" to let any unknown key through.
-ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
 
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0  # OpenAI's range for frequency and presence penalties
@@ -206,13 +196,14 @@ class Options(BaseModel):
     ) -> Options | None:
         """Parse our keys out of ``extra_args``; ``None`` when the request uses none of them.
 
+        Other keys are ignored here; admission (``constrained.admission``) refuses unknown ones.
+
         Raises:
-            OptionError: an option is invalid, or a key is unknown (with a did-you-mean hint).
+            OptionError: an option is invalid.
         """
         if not extra_args:
             return None
         ours = {k: v for k, v in extra_args.items() if k in cls.model_fields}
-        _refuse_unknown_keys(extra_args)
         if not ours:
             return None
         try:
@@ -303,31 +294,6 @@ def _token_id(key: Any) -> int:
     raise ValueError(f"token id {key!r} is not an integer")
 
 
-def _allowed_unknown_keys() -> frozenset[str] | None:
-    """Keys the user declared for other plugins; ``None`` means any key is allowed."""
-    raw = os.environ.get(ALLOWED_KEYS_ENV, "")
-    keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
-    return None if "*" in keys else keys
-
-
-def _refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
-    unknown = [k for k in extra_args if k not in Options.model_fields]
-    unknown = [k for k in unknown if k not in VLLM_EXTRA_ARGS_KEYS]
-    allowed = _allowed_unknown_keys()
-    if allowed is None:
-        return
-    for key in unknown:
-        if key in allowed:
-            continue
-        hint = difflib.get_close_matches(str(key), list(Options.model_fields), n=1, cutoff=0.6)
-        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
-        raise OptionError(
-            str(key),
-            f"unknown option.{did_you_mean} Known options: {', '.join(Options.model_fields)}. "
-            f"Keys meant for another plugin can be allowed with {ALLOWED_KEYS_ENV}=key1,key2.",
-        )
-
-
 def _option_error(exc: ValidationError) -> OptionError:
     """The first pydantic error, as an ``OptionError`` naming the top-level field."""
     err = exc.errors()[0]
@@ -336,81 +302,3 @@ def _option_error(exc: ValidationError) -> OptionError:
     if err["type"] not in ("value_error",) and "input" in err:
         message = f"{message} (got {err['input']!r:.80})"
     return OptionError(field, message)
-
-
-# vLLM's own SamplingParams fields with the same meaning as ours: setting both would apply twice.
-_BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
-    "logit_bias": ("logit_bias", lambda value: bool(value)),
-    "min_p": ("min_p", lambda value: bool(value)),
-    "repetition_penalty": ("repetition_penalty", lambda value: value not in (None, 1.0)),
-    "frequency_penalty": ("frequency_penalty", lambda value: bool(value)),
-    "presence_penalty": ("presence_penalty", lambda value: bool(value)),
-}
-
-
-# vLLM validates a request once per registered processor class, back to back, and the engine
-# adds a whole batch to each processor in turn: remember recent answers per params object
-# (held, so its id cannot be reused while cached) so each request is parsed once.
-_MEMO_SIZE = 256  # bounded: each entry holds a request's schema text
-_memo: collections.OrderedDict[int, tuple[Any, int | None, Options | OptionError | None]] = (
-    collections.OrderedDict()
-)
-_memo_lock = threading.Lock()
-
-
-def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
-    """Parse and check a request's ``SamplingParams``: our options, refusing double application.
-
-    Raises:
-        OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
-    """
-    key = id(params)
-    with _memo_lock:
-        hit = _memo.get(key)
-    if hit is not None and hit[0] is params and hit[1] == logits_width:
-        result = hit[2]
-    else:
-        try:
-            result = _parse_params(params, logits_width)
-        except OptionError as exc:
-            result = exc
-        with _memo_lock:
-            _memo[key] = (params, logits_width, result)
-            _memo.move_to_end(key)
-            while len(_memo) > _MEMO_SIZE:
-                _memo.popitem(last=False)
-    if isinstance(result, OptionError):
-        raise result
-    return result
-
-
-def _parse_params(params: Any, logits_width: int | None) -> Options | None:
-    options = Options.from_extra_args(
-        getattr(params, "extra_args", None), logits_width=logits_width
-    )
-    if options is None:
-        return None
-    for field, (builtin, is_set) in _BUILTIN_TWINS.items():
-        if getattr(options, field) is not None and is_set(getattr(params, builtin, None)):
-            raise OptionError(
-                field,
-                f"also set as vLLM's built-in '{builtin}' for this request; set only one "
-                "(both would apply it twice)",
-            )
-    constraint = options.constraint()
-    if constraint is not None:
-        _refuse_grammar_conflicts(constraint[0], params)
-    return options
-
-
-def _refuse_grammar_conflicts(field: str, params: Any) -> None:
-    """Settings that would mask every token a constraint allows (the sampler then picks junk)."""
-    conflicts = {
-        "structured_outputs": "vLLM's own structured outputs constrain the same output",
-        "min_tokens": "it forbids end-of-sequence where the constraint requires it",
-        "allowed_token_ids": "it can forbid every token the constraint allows",
-        "bad_words": "it can forbid every token the constraint allows",
-    }
-    for name, why in conflicts.items():
-        if getattr(params, name, None):
-            raise OptionError(field, f"cannot be combined with vLLM's '{name}': {why}")

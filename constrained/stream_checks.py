@@ -20,6 +20,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from constrained.admission import check_xargs
+
 CHECKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -38,23 +40,3 @@ async def refuse_bad_streaming_options(request: Request, call_next: Any) -> Resp
                          "code": 400}  # fmt: skip
                 return JSONResponse({"error": error}, status_code=400)
     return await call_next(request)
-
-
-def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
-    """The error the engine would give these options (parse and compile), or ``None``."""
-    from constrained.options import OptionError, Options
-    from constrained.processors.grammar_mask import compile_for_admission
-
-    if not isinstance(xargs, dict):
-        return None  # vLLM's request model refuses it
-    model_config = getattr(vllm_config, "model_config", None)
-    width = int(model_config.get_vocab_size()) if model_config is not None else None
-    try:
-        options = Options.from_extra_args(xargs, logits_width=width)
-        if options is not None and model_config is not None:
-            compile_for_admission(options, model_config)
-    except OptionError as exc:
-        return str(exc)
-    except Exception:  # anything unexpected: let the engine's own check answer
-        return None
-    return None

@@ -1,0 +1,321 @@
+"""Admission: every check a request's options get before a processor applies them, in one place.
+
+Three callers, one answer: each processor's ``validate_params`` (vLLM's frontend, per request),
+the streaming middleware (``stream_checks``, before the HTTP 200), and the engine-side add
+(``options_for_engine``, which only parses: admission already refused what is bad).
+
+A request is refused (``OptionError``, a ``ValueError`` naming the field: HTTP 400 from the
+server, an exception from ``LLM.generate`` offline) when an option is invalid or unknown, set
+twice (ours and vLLM's built-in twin), outside the served model's logits width, applied by a
+processor this engine did not register (it would be silently ignored), or a constraint that
+does not compile in time with the served tokenizer.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import importlib
+import inspect
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from constrained.options import OptionError, Options
+from constrained.settings import settings
+
+# How far up the stack vLLM's InputProcessor sits above ``validate_params`` (4 in vLLM 0.32).
+_MAX_FRAMES = 16
+
+
+class AdmissionUnavailable(RuntimeError):
+    """vLLM's internals moved: the served model's config cannot be found at admission."""
+
+
+def model_config_at_admission() -> Any:
+    """The served model's ``ModelConfig``, from vLLM's ``InputProcessor`` on the call stack.
+
+    ``validate_params`` is a classmethod that vLLM calls with only the request's parameters;
+    the model config (logits width, tokenizer, registered processors) lives on the
+    ``InputProcessor`` that calls it (``InputProcessor._validate_params`` in vLLM 0.32/0.33).
+
+    Raises:
+        AdmissionUnavailable: no ``InputProcessor`` within a few frames (vLLM changed how it
+            calls ``validate_params``, or it was called outside vLLM's admission).
+    """
+    from vllm.config import ModelConfig
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    frame = inspect.currentframe()
+    try:
+        for _ in range(_MAX_FRAMES):
+            frame = frame.f_back if frame else None
+            if frame is None:
+                break
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, InputProcessor) and isinstance(owner.model_config, ModelConfig):
+                return owner.model_config
+    finally:
+        del frame
+    raise AdmissionUnavailable(
+        "constrained: validate_params was not called from vLLM's InputProcessor, so the "
+        "served model's config (logits width, tokenizer, registered processors) is unknown. "
+        "This vLLM version calls logits-processor validation differently from 0.32/0.33; "
+        "please report it with your vLLM version."
+    )
+
+
+# ---- which of our options this engine applies ---------------------------------------------
+
+
+def resolve_processor(entry: str | type) -> type:
+    """A ``--logits-processors`` entry (``"pkg.mod:Class"`` or a class) as a class."""
+    if isinstance(entry, type):
+        return entry
+    module, _, qualname = entry.partition(":")
+    obj: Any = importlib.import_module(module)
+    for attr in qualname.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def options_applied_by(entries: Iterable[str | type]) -> frozenset[str]:
+    """The option names the registered processors apply (each of ours declares ``OPTIONS``)."""
+    names: set[str] = set()
+    for entry in entries:
+        names |= getattr(resolve_processor(entry), "OPTIONS", frozenset())
+    return frozenset(names)
+
+
+def owner_of(option: str) -> str:
+    """The entry of ``constrained.LOGITS_PROCESSORS`` that applies ``option``."""
+    from constrained import LOGITS_PROCESSORS
+
+    for entry in LOGITS_PROCESSORS:
+        if option in resolve_processor(entry).OPTIONS:
+            return entry
+    raise KeyError(option)
+
+
+def refuse_unregistered(options: Options, registered: Iterable[str | type]) -> None:
+    """Refuse an option whose processor this engine did not register (never drop it)."""
+    applied = options_applied_by(registered)
+    for name in type(options).model_fields:  # field order: the same error every time
+        if getattr(options, name) is not None and name not in applied:
+            raise OptionError(
+                name,
+                f"is not applied by this engine: its processor {owner_of(name)} is not "
+                "registered. Register constrained.LOGITS_PROCESSORS (LLM(logits_processors="
+                "...)) or start the server with `python -m constrained serve`.",
+            )
+
+
+# ---- constraints ------------------------------------------------------------------------------
+
+
+def spec_of(options: Options) -> Any:
+    """The ``GrammarSpec`` of a request's options, or ``None`` when it has no constraint."""
+    from constrained.grammars import GrammarSpec
+
+    constraint = options.constraint()
+    if constraint is None:
+        return None
+    kind, source = constraint
+    kwargs: dict[str, Any] = {}
+    if options.whitespace is not None:
+        kwargs["whitespace"] = options.whitespace
+    if options.max_whitespace is not None:
+        kwargs["max_whitespace"] = options.max_whitespace
+    if options.disable_additional_properties:
+        kwargs["close_objects"] = True
+    return GrammarSpec(kind, source, options.grammar_backend or "auto", **kwargs)
+
+
+def tokenizer_path(model_config: Any) -> str:
+    return str(getattr(model_config, "tokenizer", None) or model_config.model)
+
+
+def compile_constraint(options: Options, model_config: Any) -> None:
+    """Compile the request's constraint (if any) with the served tokenizer, or refuse it.
+
+    The compile is cached, so the engine's own compile of the same constraint is a hit.
+
+    Raises:
+        OptionError: naming the constraint's field, when it does not compile in time.
+    """
+    from constrained.grammars import GrammarError, compiler_for, load_vocab
+
+    spec = spec_of(options)
+    if spec is None:
+        return
+    vocab = load_vocab(tokenizer_path(model_config), int(model_config.get_vocab_size()))
+    try:
+        compiler_for(vocab).compile(spec)
+    except GrammarError as exc:
+        raise OptionError(spec.kind, str(exc)) from None
+    except Exception as exc:  # a backend bug is still this request's problem only
+        raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
+
+
+# ---- the three entry points -----------------------------------------------------------------
+
+
+def _check(options: Options | None, model_config: Any) -> None:
+    if options is None:
+        return
+    registered = getattr(model_config, "logits_processors", None) or ()
+    refuse_unregistered(options, registered)
+    compile_constraint(options, model_config)
+
+
+def admit(params: Any, model_config: Any) -> None:
+    """Every admission check for one request's ``SamplingParams``.
+
+    Raises:
+        OptionError: the first problem, naming the option.
+    """
+    width = int(model_config.get_vocab_size())
+    _check(options_from_params(params, logits_width=width), model_config)
+
+
+def validate_at_admission(params: Any) -> None:
+    """What every processor's ``validate_params`` runs."""
+    admit(params, model_config_at_admission())
+
+
+def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
+    """The error admission would give these ``vllm_xargs``, or ``None`` (streaming check)."""
+    if not isinstance(xargs, dict):
+        return None  # vLLM's request model refuses it
+    model_config = getattr(vllm_config, "model_config", None)
+    width = int(model_config.get_vocab_size()) if model_config is not None else None
+    try:
+        options = parse_extra_args(xargs, logits_width=width)
+        if model_config is not None:
+            _check(options, model_config)
+    except OptionError as exc:
+        return str(exc)
+    except Exception:  # anything unexpected: let the engine's own check answer
+        return None
+    return None
+
+
+def options_for_engine(params: Any, logits_width: int) -> Options | None:
+    """The engine-side parse of a request admission already checked (cached per params)."""
+    return options_from_params(params, logits_width=logits_width)
+
+
+# ---- parsing a request ------------------------------------------------------------------------
+
+# Keys vLLM itself reads from extra_args (KV/EC transfer, KV report, sessions): never refused.
+VLLM_EXTRA_ARGS_KEYS = frozenset(
+    {"kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id"}
+)
+ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
+
+
+def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
+    """Refuse a key that is neither ours, vLLM's, nor declared for another plugin."""
+    allowed = settings().allowed_extra_args
+    if allowed is None:  # "*": any key
+        return
+    for key in extra_args:
+        if key in Options.model_fields or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
+            continue
+        hint = difflib.get_close_matches(str(key), list(Options.model_fields), n=1, cutoff=0.6)
+        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise OptionError(
+            str(key),
+            f"unknown option.{did_you_mean} Known options: {', '.join(Options.model_fields)}. "
+            f"Keys meant for another plugin can be allowed with {ALLOWED_KEYS_ENV}=key1,key2.",
+        )
+
+
+def parse_extra_args(
+    extra_args: Mapping[str, Any] | None, *, logits_width: int | None = None
+) -> Options | None:
+    """Our options from ``extra_args`` / ``vllm_xargs``; ``None`` when none is active.
+
+    Raises:
+        OptionError: a key is unknown (with a did-you-mean hint), or an option is invalid.
+    """
+    if not extra_args:
+        return None
+    refuse_unknown_keys(extra_args)
+    return Options.from_extra_args(extra_args, logits_width=logits_width)
+
+
+# vLLM's own SamplingParams fields with the same meaning as ours: setting both would apply twice.
+_BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
+    "logit_bias": ("logit_bias", lambda value: bool(value)),
+    "min_p": ("min_p", lambda value: bool(value)),
+    "repetition_penalty": ("repetition_penalty", lambda value: value not in (None, 1.0)),
+    "frequency_penalty": ("frequency_penalty", lambda value: bool(value)),
+    "presence_penalty": ("presence_penalty", lambda value: bool(value)),
+}
+
+
+# vLLM validates a request once per registered processor class, back to back, and the engine
+# adds a whole batch to each processor in turn: remember recent answers per params object
+# (held, so its id cannot be reused while cached) so each request is parsed once.
+_MEMO_SIZE = 256  # bounded: each entry holds a request's schema text
+_memo: collections.OrderedDict[int, tuple[Any, int | None, Options | OptionError | None]] = (
+    collections.OrderedDict()
+)
+_memo_lock = threading.Lock()
+
+
+def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
+    """Parse and check a request's ``SamplingParams``: our options, refusing double application.
+
+    Raises:
+        OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
+    """
+    key = id(params)
+    with _memo_lock:
+        hit = _memo.get(key)
+    if hit is not None and hit[0] is params and hit[1] == logits_width:
+        result = hit[2]
+    else:
+        try:
+            result = _parse_params(params, logits_width)
+        except OptionError as exc:
+            result = exc
+        with _memo_lock:
+            _memo[key] = (params, logits_width, result)
+            _memo.move_to_end(key)
+            while len(_memo) > _MEMO_SIZE:
+                _memo.popitem(last=False)
+    if isinstance(result, OptionError):
+        raise result
+    return result
+
+
+def _parse_params(params: Any, logits_width: int | None) -> Options | None:
+    options = parse_extra_args(getattr(params, "extra_args", None), logits_width=logits_width)
+    if options is None:
+        return None
+    for field, (builtin, is_set) in _BUILTIN_TWINS.items():
+        if getattr(options, field) is not None and is_set(getattr(params, builtin, None)):
+            raise OptionError(
+                field,
+                f"also set as vLLM's built-in '{builtin}' for this request; set only one "
+                "(both would apply it twice)",
+            )
+    constraint = options.constraint()
+    if constraint is not None:
+        _refuse_grammar_conflicts(constraint[0], params)
+    return options
+
+
+def _refuse_grammar_conflicts(field: str, params: Any) -> None:
+    """Settings that would mask every token a constraint allows (the sampler then picks junk)."""
+    conflicts = {
+        "structured_outputs": "vLLM's own structured outputs constrain the same output",
+        "min_tokens": "it forbids end-of-sequence where the constraint requires it",
+        "allowed_token_ids": "it can forbid every token the constraint allows",
+        "bad_words": "it can forbid every token the constraint allows",
+    }
+    for name, why in conflicts.items():
+        if getattr(params, name, None):
+            raise OptionError(field, f"cannot be combined with vLLM's '{name}': {why}")

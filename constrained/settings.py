@@ -1,0 +1,77 @@
+"""Every environment switch of the package, read once, at first use.
+
+Set them in the environment of the process that runs vLLM's engine (the server's, or the
+script that builds ``LLM``); engine workers inherit it. ``settings()`` reads them the first
+time it is called and keeps the answer; ``reset()`` forgets it (tests that change a switch).
+
+| variable | default | what it sets |
+|---|---|---|
+| ``CONSTRAINED_COMPILE_TIMEOUT_S`` | 10 | longest a constraint may take to compile at admission |
+| ``CONSTRAINED_MAX_SCHEMA_BYTES`` | 4 MiB | largest ``json_schema`` accepted |
+| ``CONSTRAINED_MAX_REGEX_SIZE`` | 20000 | largest unrolled ``regex`` / schema ``pattern`` |
+| ``CONSTRAINED_ALLOWED_EXTRA_ARGS`` | (none) | ``extra_args`` keys of other plugins (``*``: any) |
+| ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our processors' state |
+| ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
+| ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    compile_timeout_s: float = 10.0
+    max_schema_bytes: int = 4 * 1024 * 1024
+    max_regex_size: int = 20_000
+    # None: any key allowed ("*"); else the keys meant for other plugins.
+    allowed_extra_args: frozenset[str] | None = frozenset()
+    stats_path: str | None = None
+    stats_interval_s: float = 1.0
+    cache_dir: Path = Path.home() / ".cache" / "constrained"
+
+
+def _number(name: str, cast: type, default: float | int) -> float | int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {cast.__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def _from_environment() -> Settings:
+    defaults = Settings()
+    keys = frozenset(
+        k.strip() for k in os.environ.get("CONSTRAINED_ALLOWED_EXTRA_ARGS", "").split(",")
+    ) - {""}
+    return Settings(
+        compile_timeout_s=_number(
+            "CONSTRAINED_COMPILE_TIMEOUT_S", float, defaults.compile_timeout_s
+        ),
+        max_schema_bytes=_number("CONSTRAINED_MAX_SCHEMA_BYTES", int, defaults.max_schema_bytes),
+        max_regex_size=_number("CONSTRAINED_MAX_REGEX_SIZE", int, defaults.max_regex_size),
+        allowed_extra_args=None if "*" in keys else keys,
+        stats_path=os.environ.get("CONSTRAINED_STATS_PATH") or None,
+        stats_interval_s=_number("CONSTRAINED_STATS_INTERVAL_S", float, defaults.stats_interval_s),
+        cache_dir=Path(os.environ.get("CONSTRAINED_CACHE") or defaults.cache_dir),
+    )
+
+
+@functools.cache
+def settings() -> Settings:
+    """The package's settings, read from the environment on the first call."""
+    return _from_environment()
+
+
+def reset() -> None:
+    """Forget the settings read so far; the next ``settings()`` reads the environment again."""
+    settings.cache_clear()
