@@ -165,5 +165,9 @@ def v2_context(
         expanded_local_pos=torch.tensor(local, dtype=torch.int32),
         input_ids=torch.tensor(input_ids, dtype=torch.int32),
         pos=torch.tensor(pos, dtype=torch.int64),
+        # V2: tokens visible to each request's last row (its committed length plus drafts).
+        seq_lens_upper_bound_np=np.array(
+            [n + len(d) for n, d in zip(lengths, draft_tokens, strict=True)], dtype=np.int32
+        ),
     )
     return ctx, expanded, local

@@ -14,12 +14,14 @@ it is a count (``unit = 2**16``). Scope ``output`` does not count the prompt, sc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from constrained.options import Options
+from constrained.processors.penalty_kernel import apply_packed_penalties
+from constrained.processors.runners import Rows
+from constrained.processors.slots import Column, SlotTable
 
 PRESENCE_UNIT = 1 << 30
 WINDOW_UNIT = 1 << 16
@@ -36,7 +38,11 @@ def prompt_unit(options: Options) -> int:
 
 
 class DeviceCounts:
-    """Dense packed counts for the slots that use penalties, updated on the device."""
+    """Dense packed counts for the slots that use penalties, updated on the device.
+
+    The ``[slots, vocab]`` table is allocated when the processor is built, before vLLM
+    measures memory to size the KV cache (as vLLM's own V2 penalty table is).
+    """
 
     def __init__(self, req_states: Any, max_new_per_step: int) -> None:
         self.req_states = req_states
@@ -45,29 +51,19 @@ class DeviceCounts:
         self.max_new_per_step = max_new_per_step
         self.counts = torch.zeros(capacity, vocab, dtype=torch.int32, device=self.device)
         self.counted = torch.zeros(capacity, dtype=torch.int64, device=self.device)
-        # Per-slot packing and window, host-written, copied with the slot table.
-        self.window = np.zeros(capacity, dtype=np.int64)
-        self.unit = np.zeros(capacity, dtype=np.int64)
-        self.window_dev = torch.zeros(capacity, dtype=torch.int64, device=self.device)
-        self.unit_dev = torch.zeros(capacity, dtype=torch.int64, device=self.device)
-        self._new: list[int] = []
+        self._new: list[tuple[int, int, int]] = []  # (slot, window, unit), counted at stage()
 
-    def add(self, slot: int, options: Options) -> None:
-        self.window[slot] = options.penalty_last_n or 0
-        self.unit[slot] = prompt_unit(options)
-        self._new.append(slot)
+    def add(self, slot: int, window: int, unit: int) -> None:
+        self._new.append((slot, window, unit))
 
     def stage(self) -> None:
         """Count each new request's prefill. Called after vLLM has flushed ``req_states``."""
         if not self._new:
             return
-        self.window_dev.copy_(torch.from_numpy(self.window), non_blocking=True)
-        self.unit_dev.copy_(torch.from_numpy(self.unit), non_blocking=True)
         tokens = self.req_states.all_token_ids.gpu
-        for slot in self._new:  # admission only, not per step
+        for slot, window, unit in self._new:  # admission only, not per step
             prompt_len = int(self.req_states.prompt_len.np[slot])
             prefill_len = int(self.req_states.prefill_len.np[slot])
-            window, unit = int(self.window[slot]), int(self.unit[slot])
             start = max(0, prefill_len - window) if window else 0
             row = self.counts[slot]
             row.zero_()
@@ -81,13 +77,17 @@ class DeviceCounts:
             self.counted[slot] = prefill_len
         self._new.clear()
 
-    def catch_up(self, slots: torch.Tensor, active: torch.Tensor) -> None:
-        """Count tokens committed since the last step for ``slots`` (device, no sync)."""
+    def catch_up(
+        self, slots: torch.Tensor, active: torch.Tensor, window: torch.Tensor, unit: torch.Tensor
+    ) -> None:
+        """Count tokens committed since the last step for ``slots`` (device, no sync).
+
+        ``window`` and ``unit`` are the slots' device values (gathered for ``slots``).
+        """
         tokens = self.req_states.all_token_ids.gpu
         total = self.req_states.total_len.gpu[slots].long()
         prompt_len = self.req_states.prompt_len.gpu[slots].long()
         counted = self.counted[slots]
-        window, unit = self.window_dev[slots], self.unit_dev[slots]
         last = tokens.shape[1] - 1
         for k in range(self.max_new_per_step):
             position = counted + k
@@ -101,26 +101,55 @@ class DeviceCounts:
             self.counts.index_put_((slots, token), -(gone * weight).int(), accumulate=True)
         self.counted[slots] = torch.where(active, torch.maximum(counted, total), counted)
 
-    def split(
-        self, packed: torch.Tensor, row_slots: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unpack per-row counts into (output part, prompt part); units > 1 are powers of two,
-        so the output part is the bits below the unit (all bits when the unit is 0 or 1)."""
-        unit = self.unit_dev[row_slots]
-        output = packed & torch.where(unit > 1, unit - 1, -1).to(torch.int32).unsqueeze(1)
-        return output, packed - output
 
-    def rows(self, row_slots: torch.Tensor, ctx: Any, num_reqs: int) -> torch.Tensor:
-        """Packed counts per logits row; speculative rows also count the drafts before them."""
-        counts = self.counts[row_slots]
-        if counts.shape[0] == num_reqs:
-            return counts
-        local = ctx.expanded_local_pos.long()
-        rows = torch.arange(counts.shape[0], device=counts.device)
-        # A request has at most (rows - requests) drafts; the config bounds it tighter.
-        max_drafts = min(counts.shape[0] - num_reqs, max(self.max_new_per_step - 1, 0))
-        for k in range(1, 1 + (max_drafts or counts.shape[0] - num_reqs)):
-            has = local >= k  # draft k-1 (fed at this request's row k) precedes this row
-            draft = ctx.input_ids[(rows - local + k).clamp(max=counts.shape[0] - 1)].long()
-            counts.index_put_((rows, draft), has.int(), accumulate=True)
-        return counts
+class DevicePenaltyCounts:
+    """The penalties' V2 half: ``DeviceCounts`` plus the Triton kernel that applies them.
+
+    The count table is allocated here, when the processor is built, so vLLM's memory profile
+    (which sizes the KV cache) sees it.
+    """
+
+    COLUMNS: ClassVar[dict[str, Column]] = {
+        "unit": Column(torch.int32, 0),  # how the prompt part is packed (see prompt_unit)
+        "window": Column(torch.int32, 0),  # penalty_last_n, 0: no window
+    }
+
+    def __init__(self, slots: SlotTable, layout: Any, max_new_per_step: int) -> None:
+        self.slots = slots
+        self.req_states = layout.req_states
+        self.counts = DeviceCounts(self.req_states, max_new_per_step)
+
+    @staticmethod
+    def slot_values(options: Options) -> dict[str, int]:
+        return {"unit": prompt_unit(options), "window": options.penalty_last_n or 0}
+
+    def add(self, slot: int, options: Options, tokens: None) -> None:
+        self.counts.add(slot, options.penalty_last_n or 0, prompt_unit(options))
+
+    def stage(self) -> None:
+        self.counts.stage()
+
+    def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        ctx, table = rows.ctx, self.slots.device_tables
+        slots = ctx.idx_mapping.long()
+        penalized = (
+            (table["repetition"][slots] != 1)
+            | (table["frequency"][slots] != 0)
+            | (table["presence"][slots] != 0)
+        )
+        self.counts.catch_up(slots, penalized, table["window"][slots], table["unit"][slots])
+        return apply_packed_penalties(
+            logits,
+            ctx.expanded_idx_mapping,
+            ctx.input_ids,
+            ctx.expanded_local_pos,
+            table["repetition"],
+            table["frequency"],
+            table["presence"],
+            table["unit"],
+            table["window"],
+            self.counts.counts,
+            self.counts.counted,
+            self.req_states.prompt_len.gpu,
+            self.req_states.all_token_ids.gpu,
+        )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.functional import NEUTRAL_BIAS, apply_logit_bias
+from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 
 if TYPE_CHECKING:
@@ -26,8 +27,9 @@ class LogitBiasProcessor(DualInterfaceProcessor):
         SamplingParams(extra_args={"logit_bias": {11: 100.0}})  # token 11 (",") nearly always
     """
 
-    @classmethod
-    def columns(cls) -> dict[str, Column]:
+    OPTIONS = frozenset({"logit_bias"})
+
+    def columns(self) -> dict[str, Column]:
         # Padded sparse rows: ids point at token 0 and add the neutral -0.0 where unused.
         return {
             "token_ids": Column(torch.int64, 0, width=1),
@@ -49,10 +51,7 @@ class LogitBiasProcessor(DualInterfaceProcessor):
         )
         return True
 
-    def apply_rows(
-        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
-    ) -> torch.Tensor:
-        num_rows = logits.shape[0]
-        token_ids = self.slots.rows("token_ids", row_slots, num_rows)
-        biases = self.slots.rows("biases", row_slots, num_rows)
-        return apply_logit_bias(logits, token_ids, biases)
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        return apply_logit_bias(
+            logits, self.slots.gather("token_ids", rows), self.slots.gather("biases", rows)
+        )

@@ -10,6 +10,7 @@ import torch
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.functional import apply_min_p
+from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 
 if TYPE_CHECKING:
@@ -34,8 +35,14 @@ class MinPProcessor(DualInterfaceProcessor):
         SamplingParams(temperature=0.8, extra_args={"min_p": 0.1})
     """
 
-    @classmethod
-    def columns(cls) -> dict[str, Column]:
+    OPTIONS = frozenset({"min_p"})
+
+    def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
+        super().__init__(vllm_config, *runner_args)
+        # V1 runs us after vLLM divides by temperature; V2 before, so the request's T scales.
+        self.threshold_temperature = self.layout.pick(_after_temperature, _before_temperature)
+
+    def columns(self) -> dict[str, Column]:
         # T * log(min_p) per slot; -inf disables the row.
         return {"log_min_p": Column(torch.float32, float("-inf"))}
 
@@ -47,12 +54,17 @@ class MinPProcessor(DualInterfaceProcessor):
     ) -> bool:
         if not options.min_p or params.temperature < GREEDY_TEMPERATURE:
             return False
-        scale = 1.0 if self.runner == "v1" else params.temperature
+        scale = self.threshold_temperature(params)
         self.slots.write(slot, log_min_p=scale * math.log(options.min_p))
         return True
 
-    def apply_rows(
-        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
-    ) -> torch.Tensor:
-        log_min_p = self.slots.rows("log_min_p", row_slots, logits.shape[0])
-        return apply_min_p(logits, log_min_p)
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        return apply_min_p(logits, self.slots.gather("log_min_p", rows))
+
+
+def _after_temperature(params: SamplingParams) -> float:
+    return 1.0
+
+
+def _before_temperature(params: SamplingParams) -> float:
+    return params.temperature

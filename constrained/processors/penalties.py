@@ -1,22 +1,22 @@
-"""Repetition, frequency and presence penalties, optionally over a window of recent tokens."""
+"""Repetition, frequency and presence penalties, optionally over a window of recent tokens.
+
+The math is ``functional.apply_penalties`` (V1, sparse rows) and ``penalty_kernel`` (V2); the
+token counts are ``token_counts.HostPenaltyCounts`` (V1) or ``device_counts.DevicePenaltyCounts``
+(V2), chosen once when the processor is built.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
-from constrained.processors.device_counts import DeviceCounts
-from constrained.processors.functional import (
-    apply_penalties,
-    apply_sparse_penalties,
-    pad_like_first,
-)
+from constrained.processors.device_counts import DevicePenaltyCounts
+from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
-from constrained.processors.token_counts import PendingWrites, TokenHistory
+from constrained.processors.token_counts import HostPenaltyCounts
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -44,17 +44,27 @@ class PenaltiesProcessor(DualInterfaceProcessor):
                                    "penalty_last_n": 64})
     """
 
-    @classmethod
-    def columns(cls) -> dict[str, Column]:
+    OPTIONS = frozenset(
+        {"repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n",
+         "penalty_scope"}
+    )  # fmt: skip
+
+    def columns(self) -> dict[str, Column]:
         return {
             "repetition": Column(torch.float32, 1.0),
             "frequency": Column(torch.float32, 0.0),
             "presence": Column(torch.float32, 0.0),
-            "used": Column(torch.int64, 0),  # real columns in the sparse rows below
-            "token_ids": Column(torch.int64, 0, width=16),
-            "output_counts": Column(torch.int32, 0, width=16),
-            "prompt_counts": Column(torch.int32, 0, width=16),
+            **self._counts_class().COLUMNS,
         }
+
+    def _counts_class(self) -> type[HostPenaltyCounts] | type[DevicePenaltyCounts]:
+        return self.layout.pick(HostPenaltyCounts, DevicePenaltyCounts)
+
+    def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
+        super().__init__(vllm_config, *runner_args)
+        spec = getattr(vllm_config, "speculative_config", None)
+        drafts = getattr(spec, "num_speculative_tokens", 0) or 0
+        self.counts = self._counts_class()(self.slots, self.layout, 1 + drafts)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -69,81 +79,14 @@ class PenaltiesProcessor(DualInterfaceProcessor):
             repetition=options.repetition_penalty or 1.0,
             frequency=options.frequency_penalty or 0.0,
             presence=options.presence_penalty or 0.0,
+            **self.counts.slot_values(options),
         )
-        if tokens is not None:
-            self.slots.payload[slot] = TokenHistory.start(options, *tokens)
-        else:
-            self._device_counts().add(slot, options)
+        self.counts.add(slot, options, tokens)  # type: ignore[arg-type]
         return True
-
-    # ---- V2: counts on the device ------------------------------------------------------
-
-    def _device_counts(self) -> DeviceCounts:
-        # Allocated on first use: [slots, vocab] int32 is large and most engines never need it.
-        if getattr(self, "device_counts", None) is None:
-            spec = getattr(self.vllm_config, "speculative_config", None)
-            drafts = getattr(spec, "num_speculative_tokens", 0) or 0
-            self.device_counts = DeviceCounts(self.req_states, 1 + drafts)
-        return self.device_counts
 
     def apply_staged_writes(self) -> None:
         super().apply_staged_writes()
-        if getattr(self, "device_counts", None) is not None:
-            self.device_counts.stage()
+        self.counts.stage()
 
-    def _apply_dense(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-        counts = self._device_counts()
-        slots = ctx.idx_mapping.long()
-        num_reqs = slots.shape[0]
-        repetition = self.slots.rows("repetition", slots, num_reqs)
-        frequency = self.slots.rows("frequency", slots, num_reqs)
-        presence = self.slots.rows("presence", slots, num_reqs)
-        counts.catch_up(slots, (repetition != 1) | (frequency != 0) | (presence != 0))
-        row_slots = ctx.expanded_idx_mapping.long()
-        output, prompt = counts.split(counts.rows(row_slots, ctx, num_reqs), row_slots)
-        return apply_penalties(
-            logits,
-            output,
-            prompt,
-            self.slots.rows("repetition", row_slots, 0),
-            self.slots.rows("frequency", row_slots, 0),
-            self.slots.rows("presence", row_slots, 0),
-        )
-
-    def apply_rows(
-        self, logits: torch.Tensor, row_slots: torch.Tensor | None, ctx: Any = None
-    ) -> torch.Tensor:
-        if ctx is not None:
-            return self._apply_dense(logits, ctx)
-        num_rows = logits.shape[0]
-        self._catch_up(np.flatnonzero(self.slots.active[:num_rows]))
-
-        def rows(name: str) -> torch.Tensor:
-            return self.slots.rows(name, row_slots, num_rows)
-
-        token_ids, output_counts, prompt_counts = pad_like_first(
-            rows("used"), rows("token_ids"), rows("output_counts"), rows("prompt_counts")
-        )
-        return apply_sparse_penalties(
-            logits,
-            token_ids,
-            output_counts,
-            prompt_counts,
-            rows("repetition"),
-            rows("frequency"),
-            rows("presence"),
-        )
-
-    def _catch_up(self, slots: np.ndarray) -> None:
-        """Count the tokens each request produced since the last step (read at apply time:
-        GPU async scheduling fills the newest token in only just before apply)."""
-        writes = PendingWrites()
-        payload = self.slots.payload
-        for slot in slots.tolist():
-            payload[slot].catch_up(slot, writes)
-        table = self.slots
-        table.scatter("token_ids", *writes.new_ids, add=False)
-        for name, (slots_, cols, deltas) in writes.deltas.items():
-            table.scatter(name, slots_, cols, deltas, add=True)
-        table.assign("used", *writes.used)
-        table.flush()
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        return self.counts.apply(logits, rows)

@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from constrained.processors.runners import Rows
+from constrained.processors.transfer import Uploader
+
 
 @dataclass(frozen=True)
 class Column:
@@ -30,8 +33,7 @@ class SlotTable:
 
     Rows are written on the host (``write``/``clear``/``move``/``swap``); ``flush`` copies the
     whole table to the device when dirty. Tables are small (a few values per slot), so one
-    bulk copy beats tracking which rows changed. Pageable host memory makes the
-    non-blocking copy safe to follow with host writes (CUDA stages it before returning).
+    bulk copy beats tracking which rows changed.
     """
 
     def __init__(self, capacity: int, device: torch.device, columns: dict[str, Column]) -> None:
@@ -44,7 +46,8 @@ class SlotTable:
         self.active = np.zeros(capacity, dtype=bool)
         # Host-only per-slot objects (e.g. a request's token history), moved with their rows.
         self.payload: list[Any] = [None] * capacity
-        self._device_copy: dict[str, torch.Tensor] = {}
+        self._uploader = Uploader(self.device)
+        self.device_tables: dict[str, torch.Tensor] = {}  # the device mirror of ``host``
         self._dirty = True
 
     def _empty(self, col: Column, width: int | None = None) -> torch.Tensor:
@@ -122,25 +125,26 @@ class SlotTable:
     # ---- device side -------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Mirror the host tables to the device if anything changed since the last flush."""
+        """Mirror the host tables to the device if anything changed since the last flush.
+
+        On an accelerator the copy goes through pinned staging buffers, non-blocking
+        (``transfer.Uploader``), so host edits may follow at once.
+        """
         if not self._dirty:
             return
         self._dirty = False
-        if self.device.type == "cpu":
-            self._device_copy = self.host
-            return
-        for name, host in self.host.items():
-            dev = self._device_copy.get(name)
-            if dev is None or dev.shape != host.shape:
-                dev = self._device_copy[name] = torch.empty_like(host, device=self.device)
-            dev.copy_(host, non_blocking=True)
+        self.device_tables = self._uploader.upload(self.host)
+
+    def gather(self, name: str, rows: Rows) -> torch.Tensor:
+        """Device values of ``name`` for each of an apply call's logits rows."""
+        return self.rows(name, rows.slots, rows.count)
 
     def rows(self, name: str, row_slots: torch.Tensor | None, num_rows: int) -> torch.Tensor:
         """Device values of ``name`` for each logits row.
 
         ``row_slots`` maps rows to slots (V2); ``None`` means row ``i`` is slot ``i`` (V1).
         """
-        table = self._device_copy[name]
+        table = self.device_tables[name]
         return table[:num_rows] if row_slots is None else table[row_slots]
 
     def any_active(self, slots: np.ndarray | None = None) -> bool:

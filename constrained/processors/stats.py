@@ -21,20 +21,32 @@ import time
 import weakref
 from typing import Any
 
-STATS_ENV = "CONSTRAINED_STATS_PATH"
-INTERVAL_ENV = "CONSTRAINED_STATS_INTERVAL_S"
+from constrained.settings import settings
 
 
 class StatsReporter:
-    """Collects the live processors of this process and writes their snapshot when due."""
+    """Collects the live processors of this process and writes their snapshot when due.
 
-    def __init__(self, path: str | None, interval_s: float) -> None:
+    ``path`` / ``interval_s`` default to the settings, read when the first processor of the
+    process registers.
+    """
+
+    def __init__(self, path: str | None = None, interval_s: float | None = None) -> None:
         self.path = path
         self.interval_s = interval_s
         self._processors: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last = 0.0
+        self._configured = path is not None
+
+    def _configure(self) -> None:
+        if not self._configured:
+            self._configured = True
+            self.path = settings().stats_path
+            if self.interval_s is None:
+                self.interval_s = settings().stats_interval_s
 
     def register(self, processor: Any) -> None:
+        self._configure()
         if self.path:
             self._processors.add(processor)
 
@@ -43,7 +55,7 @@ class StatsReporter:
         if not self.path:
             return
         now = time.monotonic()
-        if now - self._last < self.interval_s:
+        if now - self._last < (self.interval_s or 0.0):
             return
         self._last = now
         self.write()
@@ -88,6 +100,4 @@ def _rss_mb() -> float:
         return -1.0
 
 
-REPORTER = StatsReporter(
-    os.environ.get(STATS_ENV) or None, float(os.environ.get(INTERVAL_ENV, "1.0"))
-)
+REPORTER = StatsReporter()

@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
 
 from constrained.options import Options
+from constrained.processors.functional import apply_sparse_penalties, pad_like_first
+from constrained.processors.runners import Rows
+from constrained.processors.slots import Column, SlotTable
 
 # Where a prompt token's count goes, per ``penalty_scope``.
 PROMPT_TARGET = {"default": "prompt_counts", "output": None, "prompt_and_output": "output_counts"}
@@ -98,3 +105,63 @@ class TokenHistory:
             writes.used[0].append(slot)
             writes.used[1].append(len(self.columns))
         self.counted = ready
+
+
+class HostPenaltyCounts:
+    """The penalties' V1 half: sparse per-request counts on the host, one column per token seen.
+
+    Each step counts only the tokens appended since the last one (read in ``apply``: GPU async
+    scheduling fills the newest token in just before it), then gathers, penalizes and
+    scatters back only the logits of tokens a request has seen.
+    """
+
+    COLUMNS: ClassVar[dict[str, Column]] = {
+        "used": Column(torch.int64, 0),  # real columns in the sparse rows below
+        "token_ids": Column(torch.int64, 0, width=16),
+        "output_counts": Column(torch.int32, 0, width=16),
+        "prompt_counts": Column(torch.int32, 0, width=16),
+    }
+
+    def __init__(self, slots: SlotTable, layout: Any, max_new_per_step: int) -> None:
+        self.slots = slots
+
+    def slot_values(self, options: Options) -> dict[str, int]:
+        return {}
+
+    def add(self, slot: int, options: Options, tokens: tuple[Sequence[int], list[int]]) -> None:
+        self.slots.payload[slot] = TokenHistory.start(options, *tokens)
+
+    def stage(self) -> None:
+        """Nothing to stage: V1 never calls ``apply_staged_writes``."""
+
+    def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        self._catch_up(np.flatnonzero(self.slots.active[: rows.count]))
+        gather = self.slots.gather
+        token_ids, output_counts, prompt_counts = pad_like_first(
+            gather("used", rows),
+            gather("token_ids", rows),
+            gather("output_counts", rows),
+            gather("prompt_counts", rows),
+        )
+        return apply_sparse_penalties(
+            logits,
+            token_ids,
+            output_counts,
+            prompt_counts,
+            gather("repetition", rows),
+            gather("frequency", rows),
+            gather("presence", rows),
+        )
+
+    def _catch_up(self, slots: np.ndarray) -> None:
+        """Count the tokens each request produced since the last step."""
+        writes = PendingWrites()
+        payload = self.slots.payload
+        for slot in slots.tolist():
+            payload[slot].catch_up(slot, writes)
+        table = self.slots
+        table.scatter("token_ids", *writes.new_ids, add=False)
+        for name, (slots_, cols, deltas) in writes.deltas.items():
+            table.scatter(name, slots_, cols, deltas, add=True)
+        table.assign("used", *writes.used)
+        table.flush()

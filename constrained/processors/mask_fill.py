@@ -1,0 +1,245 @@
+"""Filling the grammar bitmask: the per-request matchers, and when each runner fills.
+
+``MaskWriter`` owns the host bitmask and writes rows from matchers (any backend failure ends
+that request with end-of-sequence only, never the engine). Which rows to fill, and when,
+differs per runner and is decided once per processor:
+
+- ``V1MaskFill``: V1 calls ``update_state`` before the forward pass, so the next masks are
+  filled then, in a worker thread, while the model runs; rows whose newest token was still a
+  GPU async-scheduling placeholder (-1) are finished in ``apply``.
+- ``V2MaskFill``: V2 passes sampled and draft tokens only in ``apply``, so masks are filled
+  there, after the step's one device-to-host copy.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+
+from constrained.grammars import GrammarSpec
+from constrained.grammars.llguidance_backend import LLGuidanceMatcher
+from constrained.grammars.matcher import Matcher, fill_only, words_for
+from constrained.processors.runners import Rows
+from constrained.processors.slots import SlotTable
+from constrained.processors.transfer import Uploader, fetch_to_host
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class RowState:
+    """One constrained request: its compile, its matcher and how far it has followed."""
+
+    spec: GrammarSpec
+    compiled: Future
+    output_ids: list[int] | None  # V1's live output list; None under V2
+    matcher: Matcher | None = None
+    consumed: int = 0
+    failed: bool = False
+
+    def ready_matcher(self) -> Matcher | None:
+        """The matcher, built once the compile is done (waits for it); None if it failed."""
+        if self.matcher is None and not self.failed:
+            try:
+                self.matcher = self.compiled.result().matcher()
+            except Exception as exc:  # admission compiled it; never take the engine down
+                logger.error(
+                    "constrained: %s compile failed in the engine (%s); the request is "
+                    "allowed only end-of-sequence",
+                    self.spec.kind,
+                    exc,
+                )
+                self.failed = True
+        return self.matcher
+
+
+class MaskWriter:
+    """The host bitmask (one int32 row of ``ceil(width / 32)`` words per logits row)."""
+
+    def __init__(self, width: int, eos: int, device: torch.device) -> None:
+        self.eos = eos
+        self.bitmask = torch.zeros(0, words_for(width), dtype=torch.int32)
+        self._uploader = Uploader(device)
+        self._llguidance: list[tuple[LLGuidanceMatcher, int]] = []
+
+    def ensure_rows(self, num_rows: int) -> None:
+        if self.bitmask.shape[0] < num_rows:
+            rows = max(num_rows, 2 * self.bitmask.shape[0], 8)
+            self.bitmask = torch.zeros(rows, self.bitmask.shape[1], dtype=torch.int32)
+
+    def advance(self, state: RowState, new: list[int], row: int) -> None:
+        """Feed ``new`` committed tokens to a request's matcher, then queue or write its row."""
+        try:
+            matcher = state.ready_matcher()
+            if matcher is not None:
+                if new and not matcher.consume(new):
+                    logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
+                state.consumed += len(new)
+                self._write(matcher, row)
+                return
+        except Exception:
+            logger.exception("constrained: grammar matcher failed; ending the request")
+            state.failed, state.matcher = True, None
+        fill_only(self.bitmask, row, [self.eos])
+
+    def draft(self, state: RowState, row: int, drafts: np.ndarray) -> None:
+        """A speculative row: the matcher advanced over ``drafts``, its row written, undone.
+
+        Drafts are cut at the first negative id: vLLM feeds -1 placeholders for the draft rows
+        of a step that starts inside the prefill (those rows' samples are rejected).
+        """
+        negative = np.flatnonzero(drafts < 0)
+        tokens = drafts[: negative[0] if negative.size else len(drafts)].tolist()
+        matcher = state.matcher
+        if matcher is None or matcher.error is not None:
+            fill_only(self.bitmask, row, [self.eos])
+            return
+        try:
+            accepted = matcher.try_consume(tokens)
+            if accepted == len(tokens):
+                matcher.fill(self.bitmask, row)
+            else:  # an earlier draft is already masked, so this row's sample is discarded
+                fill_only(self.bitmask, row, [self.eos])
+            matcher.rollback(accepted)
+        except Exception:
+            logger.exception("constrained: grammar matcher failed; ending the request")
+            state.failed, state.matcher = True, None
+            fill_only(self.bitmask, row, [self.eos])
+
+    def _write(self, matcher: Matcher, row: int) -> None:
+        if isinstance(matcher, LLGuidanceMatcher):  # filled together, in llguidance's pool
+            self._llguidance.append((matcher, row))
+        else:
+            matcher.fill(self.bitmask, row)
+
+    def finish(self) -> None:
+        """Write the rows queued for llguidance's parallel fill."""
+        if self._llguidance:
+            pairs, self._llguidance = self._llguidance, []
+            LLGuidanceMatcher.fill_many(pairs, self.bitmask)
+
+    def on_device(self, num_rows: int) -> torch.Tensor:
+        """The first ``num_rows`` rows on the logits' device (non-blocking upload)."""
+        return self._uploader.upload({"bitmask": self.bitmask}, rows=num_rows)["bitmask"][:num_rows]
+
+
+class V1MaskFill:
+    """V1: fill the next masks in a worker thread while the model runs."""
+
+    def __init__(self, writer: MaskWriter, slots: SlotTable, layout: Any) -> None:
+        self.writer = writer
+        self.slots = slots
+        self._filler = ThreadPoolExecutor(1, thread_name_prefix="constrained-mask")
+        self._pending: Future | None = None
+        self._filled: list[int] = []
+        self._num_rows = 0
+
+    def before_update(self) -> None:
+        """Let the fill of the last step finish before the batch changes under it."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def after_update(self, batch_update: Any) -> None:
+        """Start filling the rows of the step about to run."""
+        if batch_update is not None:
+            self._num_rows = batch_update.batch_size
+        rows = self._ours(self._num_rows)
+        self._filled = []
+        if rows:
+            self.writer.ensure_rows(max(rows) + 1)
+            self._pending = self._filler.submit(self._fill, rows)
+
+    def _ours(self, num_rows: int) -> list[int]:
+        return np.flatnonzero(self.slots.active[:num_rows]).tolist()
+
+    def _fill(self, rows: list[int]) -> None:
+        """Consume each row's new output tokens and write its mask (worker thread)."""
+        done = []
+        for row in rows:
+            state: RowState = self.slots.payload[row]
+            new = state.output_ids[state.consumed :]  # type: ignore[index]
+            if -1 in new:  # async scheduling: the token arrives just before apply
+                continue
+            self.writer.advance(state, new, row)
+            done.append(row)
+        self.writer.finish()
+        self._filled = done
+
+    def rows_to_mask(self, rows: Rows) -> list[int]:
+        """Finish the fill (rows whose token was a placeholder at update time) and return
+        the rows to mask."""
+        self.before_update()
+        ours = self._ours(rows.count)
+        missing = sorted(set(ours) - set(self._filled))
+        if missing:
+            self.writer.ensure_rows(rows.count)
+            for row in missing:
+                state: RowState = self.slots.payload[row]
+                self.writer.advance(state, state.output_ids[state.consumed :], row)  # type: ignore[index]
+            self.writer.finish()
+        return ours
+
+
+class V2MaskFill:
+    """V2: fill in ``apply``, after one device-to-host copy of what the step needs."""
+
+    def __init__(self, writer: MaskWriter, slots: SlotTable, layout: Any) -> None:
+        self.writer = writer
+        self.slots = slots
+        self.req_states = layout.req_states
+
+    def before_update(self) -> None:
+        """V2 never calls ``update_state``."""
+
+    def after_update(self, batch_update: Any) -> None:
+        """V2 never calls ``update_state``."""
+
+    def rows_to_mask(self, rows: Rows) -> list[int]:
+        """Rows are (request, draft position) pairs; drafts are matched then undone.
+
+        The host needs the tokens the device sampled, so this is the step's one
+        device-to-host sync: one copy of the row layout and of each constrained request's
+        committed tokens its matcher has not seen (gathered on the device from
+        ``req_states.all_token_ids``; ``ctx.seq_lens_upper_bound_np`` bounds how many). So a
+        resumed request, or accepted drafts, cost no extra sync.
+        """
+        ctx, num_rows = rows.ctx, rows.count
+        batch_slots = ctx.idx_mapping_np
+        mine = self.slots.active[batch_slots]
+        slots = batch_slots[mine].astype(np.int64)
+        tokens = self.req_states.all_token_ids.gpu
+        consumed = np.array([self.slots.payload[s].consumed for s in slots], dtype=np.int64)
+        start = self.req_states.prompt_len.np[slots].astype(np.int64) + consumed
+        end = np.minimum(ctx.seq_lens_upper_bound_np[mine].astype(np.int64), tokens.shape[1])
+        count = np.maximum(end - start, 0)
+        offsets = np.cumsum(count) - count
+        positions = np.repeat(start - offsets, count) + np.arange(int(count.sum()))
+        index = torch.from_numpy(np.stack([np.repeat(slots, count), positions]))
+        index = index.to(tokens.device, non_blocking=True)
+        layout = (ctx.expanded_idx_mapping, ctx.expanded_local_pos, ctx.input_ids, ctx.pos)
+        per_row = torch.stack([t.long() for t in layout]).flatten()
+        host = fetch_to_host(torch.cat([per_row, tokens[index[0], index[1]].long()]))
+        row_slot, local, input_ids, pos = host[: 4 * num_rows].reshape(4, num_rows)
+        history = host[4 * num_rows :]
+        unseen = {int(s): (int(o), int(b)) for s, o, b in zip(slots, offsets, start, strict=True)}
+
+        ours = np.flatnonzero(self.slots.active[row_slot]).tolist()
+        self.writer.ensure_rows(num_rows)
+        for row in ours:
+            slot = int(row_slot[row])
+            state: RowState = self.slots.payload[slot]
+            k = int(local[row])
+            if k == 0:
+                offset, first = unseen[slot]
+                new = max(int(pos[row]) + 1 - first, 0) if not state.failed else 0
+                self.writer.advance(state, history[offset : offset + new].tolist(), row)
+            else:  # row k of a request: drafts fed at its rows 1..k
+                self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
+        self.writer.finish()
+        return ours
