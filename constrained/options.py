@@ -30,11 +30,13 @@ from pydantic import (
     field_validator,
 )
 
+from constrained.grammars.registry import BACKEND_NAMES
+
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0  # OpenAI's range for frequency and presence penalties
 MAX_PENALTY_WINDOW = 32_767
 PenaltyScope = Literal["default", "output", "prompt_and_output"]
-GrammarBackend = Literal["auto", "llguidance", "xgrammar", "outlines"]
+GrammarBackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # from the registry
 Whitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE_LIMIT = 16
 GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")

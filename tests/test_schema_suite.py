@@ -30,7 +30,7 @@ import pytest
 
 from benchmarks.maskbench import Walker
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
-from constrained.grammars.schema_support import _json_type as json_type
+from constrained.grammars.schema_walk import json_type
 
 SUITE = (
     pathlib.Path(__file__).resolve().parents[2]
@@ -137,12 +137,12 @@ def load_groups() -> list[Group]:
 
 def typed(group: Group) -> Group | None:
     """The group with the one ``type`` its root keywords imply, keeping that type's tests."""
-    from constrained.grammars.schema_support import _TYPE_OF_KEYWORD
+    from constrained.grammars.allow_list import TYPE_OF_KEYWORD
 
     schema = group.schema
     if not isinstance(schema, dict) or "type" in schema:
         return None
-    kinds = {_TYPE_OF_KEYWORD[k] for k in schema if k in _TYPE_OF_KEYWORD}
+    kinds = {TYPE_OF_KEYWORD[k] for k in schema if k in TYPE_OF_KEYWORD}
     if len(kinds) != 1:
         return None
     kind = kinds.pop()

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
+import constrained.settings
 from constrained import OptionError, Options
 from constrained.grammars.compiler import COMPILE_TIMEOUT_ENV
 
@@ -236,6 +237,7 @@ def test_constraint_with_conflicting_vllm_settings_is_refused(llm):
 
 def test_a_compile_over_the_time_limit_is_refused(llm, monkeypatch):
     monkeypatch.setenv(COMPILE_TIMEOUT_ENV, "0.001")
+    constrained.settings.reset()
     tag = uuid.uuid4().hex  # a schema no cache has seen, big enough to take milliseconds
     fresh = {
         "type": "object",
@@ -247,6 +249,7 @@ def test_a_compile_over_the_time_limit_is_refused(llm, monkeypatch):
         llm.generate(["hi"], SamplingParams(extra_args={"json_schema": fresh}), use_tqdm=False)
     assert isinstance(info.value.__cause__, OptionError)
     monkeypatch.delenv(COMPILE_TIMEOUT_ENV)
+    constrained.settings.reset()
     # Without the limit the same schema is served.
     for out in generate(llm, 2, max_tokens=64, json_schema=fresh):
         assert out.text.startswith('{"k')

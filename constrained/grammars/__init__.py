@@ -3,15 +3,31 @@
 ``GrammarSpec`` says what to match; ``compile_now`` / ``GrammarCompiler`` turn it into a
 compiled grammar of one backend (llguidance, xgrammar, outlines-core), whose ``matcher()``
 follows one request and fills its next-token bitmask.
+
+Modules:
+
+- ``spec``: ``GrammarSpec``, the constraint (and compile-cache key).
+- ``errors``: ``GrammarError``, the one error a constraint gets.
+- ``vocab``: ``Vocab``, the tokenizer in each backend's form.
+- ``matcher``: the ``Matcher`` interface and bitmask helpers.
+- ``schema_input``: user input to checked JSON-schema text; ``close_objects``.
+- ``schema_walk``: JSON-Schema walking: subschemas, ``$ref`` pointers, types.
+- ``backend``: ``Backend``, what a backend plugs in.
+- ``allow_list``: ``AllowList``, refusals for backends that ignore what they do not enforce.
+- ``llguidance_backend``, ``xgrammar_backend``, ``outlines_backend``: one backend each.
+- ``registry``: the backends in ``auto`` order, ``BACKEND_NAMES``, ``get_backend``.
+- ``auto``: which backend compiles a spec.
+- ``regex_size``, ``size_guard``: refusing regexes too big to unroll.
+- ``cache``: the bounded LRU of compile futures.
+- ``compiler``: ``compile_now``; ``GrammarCompiler`` (cache, threads, time limit), ``compiler_for``.
 """
 
 from constrained.grammars.compiler import GrammarCompiler, compile_now, compiler_for
 from constrained.grammars.errors import GrammarError
-from constrained.grammars.spec import BACKENDS, GrammarSpec
+from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab, load_vocab
 
 __all__ = [
-    "BACKENDS",
     "GrammarCompiler",
     "GrammarError",
     "GrammarSpec",

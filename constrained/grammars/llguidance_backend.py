@@ -1,15 +1,26 @@
-"""llguidance: JSON schemas, regexes and Lark/GBNF grammars; refuses what it cannot enforce."""
+"""llguidance: JSON schemas, regexes and Lark/GBNF grammars; refuses what it cannot enforce.
+
+Its contract: it refuses, itself and by name, every JSON-schema keyword it does not implement
+(``Unimplemented keys: ["not"]``), so it needs no allow-list (the JSON-Schema-Test-Suite and
+MaskBench found nothing it accepts wrongly); ``auto`` tries it first and names the keyword
+from its refusal. ``pattern`` is ECMA-262, translated by llguidance; the ``regex`` option is
+Rust's ``regex`` syntax.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from constrained.grammars.backend import Backend
 from constrained.grammars.errors import GrammarError
-from constrained.grammars.spec import GrammarSpec
-from constrained.grammars.vocab import Vocab
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.spec import GrammarSpec
+    from constrained.grammars.vocab import Vocab
 
 NAME = "llguidance"
 _EXECUTOR: Any = None
@@ -116,3 +127,12 @@ def _short(message: str) -> str:
     """llguidance errors can carry a long parser-state dump after the first line."""
     lines = message.strip().splitlines()
     return lines[0][:500] if lines else ""
+
+
+def refused_keyword(error: GrammarError) -> str | None:
+    """The JSON-schema keyword a refusal names (``Unimplemented keys: ["not"]``)."""
+    found = re.search(r'[Uu]nimplemented keys?:?\s*\[?"([^"]+)"', str(error))
+    return found.group(1) if found else None
+
+
+BACKEND = Backend(NAME, LLGuidanceGrammar, refused_keyword=refused_keyword)

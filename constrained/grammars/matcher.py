@@ -8,10 +8,12 @@ xgrammar and llguidance share).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Matcher(Protocol):

@@ -1,5 +1,16 @@
 """outlines-core: JSON schemas (through its regex translation) and regexes; no grammars.
 
+Its contract: outlines-core silently ignores what it does not implement, so a JSON schema may
+use only the keywords of ``RULES`` (its allow-list, with the combination rules of
+``allow_list``); anything else is refused with the keyword and its JSON pointer before it
+compiles. Beyond the shared rules: no ``prefixItems`` (it joins their regexes without
+grouping them: ``[{}]`` matches any text that starts with "[true"), no numeric bounds or
+``multipleOf``, no ``minProperties`` / ``maxProperties`` / ``patternProperties``, no
+``additionalProperties`` given as a schema; of the formats only ``uuid`` and ``email`` (its
+date accepts 2020-02-30 and non-ASCII digits, its time and date-time a time without offset,
+its uri "https://example.org/foobar\\.txt" and a lone "%"); its ``\\d`` ``\\w`` ``\\b`` are
+Unicode classes (ECMA-262: ASCII). Grammars (``kind="grammar"``) are refused.
+
 outlines-core has crashed the whole process on some schemas while building the regex, so the
 translation runs in a forked child process; the index itself is built here.
 """
@@ -12,15 +23,37 @@ import os
 import select
 import signal
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
+from constrained.grammars.allow_list import AllowList
+from constrained.grammars.backend import Backend
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
-from constrained.grammars.spec import GrammarSpec
-from constrained.grammars.vocab import Vocab
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.spec import GrammarSpec
+    from constrained.grammars.vocab import Vocab
 
 NAME = "outlines"
+
+# The keywords it enforces (in the combinations ``allow_list`` allows).
+KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties",
+        "items", "anyOf", "allOf", "oneOf", "$ref", "minItems", "maxItems", "minLength",
+        "maxLength", "pattern", "format",
+    }
+)  # fmt: skip
+
+RULES = AllowList(
+    keywords=KEYWORDS,
+    formats=frozenset({"uuid", "email"}),
+    pattern_escapes="dDwWbB",
+    schema_additional_properties=False,
+    infers_container_type=False,
+)
 _TRANSLATE_TIMEOUT_S = 60.0
 
 
@@ -131,3 +164,6 @@ class OutlinesMatcher:
         if num_tokens:
             self.inner.rollback_state(num_tokens)
             self.finished = False
+
+
+BACKEND = Backend(NAME, OutlinesGrammar, refusal=RULES.refusal)

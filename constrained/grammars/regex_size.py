@@ -16,9 +16,10 @@ Example::
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
+
+from constrained.settings import settings
 
 try:  # Python 3.11+: the parser behind ``re``
     import re._constants as _sre
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as _sre  # type: ignore[no-redef]
     import sre_parse as _parser  # type: ignore[no-redef]
 
-MAX_REGEX_SIZE = int(os.environ.get("CONSTRAINED_MAX_REGEX_SIZE", "20000"))
+MAX_REGEX_SIZE_ENV = "CONSTRAINED_MAX_REGEX_SIZE"
 
 _REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT, getattr(_sre, "POSSESSIVE_REPEAT", None))
 
@@ -72,12 +73,15 @@ def _size(items: Any) -> int:
     return total
 
 
-def regex_size_problem(pattern: str, limit: int = MAX_REGEX_SIZE) -> str | None:
-    """Why ``pattern`` is too big to compile, or ``None``."""
+def regex_size_problem(pattern: str, limit: int | None = None) -> str | None:
+    """Why ``pattern`` is too big to compile, or ``None``; ``limit`` defaults to
+    ``settings().max_regex_size``."""
+    if limit is None:
+        limit = settings().max_regex_size
     size = regex_size(pattern)
     if size > limit:
         return (
             f"unrolls to {size:,} positions (counted repetitions multiplied out), more than "
-            f"{limit:,} (CONSTRAINED_MAX_REGEX_SIZE)"
+            f"{limit:,} ({MAX_REGEX_SIZE_ENV})"
         )
     return None

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
-from constrained.grammars.schema_support import resolve_pointer
+from constrained.grammars.schema_walk import iter_subschemas, resolve_pointer
+from constrained.settings import settings
 
 MAX_SCHEMA_BYTES_ENV = "CONSTRAINED_MAX_SCHEMA_BYTES"
-DEFAULT_MAX_SCHEMA_BYTES = 4 << 20
 MAX_DEPTH = 128
-
-
-def max_schema_bytes() -> int:
-    return int(os.environ.get(MAX_SCHEMA_BYTES_ENV, DEFAULT_MAX_SCHEMA_BYTES))
 
 
 def schema_text(value: Any) -> str | None:
@@ -66,7 +61,7 @@ def _checked(text: str) -> str:
 
 
 def _check_size(size: int) -> None:
-    limit = max_schema_bytes()
+    limit = settings().max_schema_bytes
     if size > limit:
         raise ValueError(f"is {size:,} bytes, more than {limit:,} ({MAX_SCHEMA_BYTES_ENV})")
 
@@ -125,8 +120,6 @@ def close_objects(text: str) -> str:
     Every output still validates against the original schema; it just cannot add keys.
     Refused for schemas with ``allOf``: closing each branch would forbid the others' keys.
     """
-    from constrained.grammars.schema_support import iter_subschemas
-
     schema = json.loads(text)
     for path, sub in iter_subschemas(schema):
         if "allOf" in sub:

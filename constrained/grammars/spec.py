@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
 GrammarKind = Literal["json_schema", "regex", "grammar"]
-BackendName = Literal["auto", "llguidance", "xgrammar", "outlines"]
 Whitespace = Literal["compact", "flexible"]
-BACKENDS: tuple[str, ...] = ("llguidance", "xgrammar", "outlines")
 
 DEFAULT_MAX_WHITESPACE = 2  # characters after each ',' / ':' in flexible JSON
 
@@ -19,19 +16,17 @@ class GrammarSpec:
     """A constraint: its kind, its source text, the backend asked for and JSON whitespace.
 
     ``source`` is the JSON-schema text, the regex, or the grammar (GBNF ``root ::= ...``, or
-    Lark for llguidance). ``whitespace`` applies to JSON schemas only: ``compact`` allows no
-    whitespace between tokens; ``flexible`` allows up to ``max_whitespace`` spaces, newlines
-    or tabs after each ``,`` and ``:``, so output can never run away with whitespace.
+    Lark for llguidance). ``backend`` is ``auto`` or a backend's name
+    (``registry.BACKEND_NAMES``). ``whitespace`` applies to JSON schemas only: ``compact``
+    allows no whitespace between tokens; ``flexible`` allows up to ``max_whitespace`` spaces,
+    newlines or tabs after each ``,`` and ``:``, so output can never run away with whitespace.
     ``close_objects`` adds ``"additionalProperties": false`` to object schemas that say
     nothing about extra keys.
     """
 
     kind: GrammarKind
     source: str
-    backend: BackendName = "auto"
+    backend: str = "auto"
     whitespace: Whitespace = "compact"
     max_whitespace: int = DEFAULT_MAX_WHITESPACE
     close_objects: bool = False
-
-    def with_backend(self, backend: str) -> GrammarSpec:
-        return dataclasses.replace(self, backend=backend)  # type: ignore[arg-type]

@@ -1,22 +1,53 @@
 """xgrammar: fast JSON-schema, regex and GBNF masks.
 
-xgrammar silently ignores some JSON-schema keywords; ``schema_support`` refuses schemas that
-use them before they get here. It is the backend with a per-separator whitespace cap.
+Its contract: xgrammar silently ignores what it does not implement, so a JSON schema may use
+only the keywords of ``RULES`` (its allow-list, with the combination rules of
+``allow_list``); anything else is refused with the keyword and its JSON pointer before it
+compiles. Beyond the shared rules: it checks the formats in ``RULES.formats`` only (its
+date / date-time accept 2020-02-30 and 2020-04-31, its hostname labels over 63 characters,
+its ipv6 "::ffff:192.168.0.01"); its ``\\s`` is ASCII white space only (ECMA-262 adds U+00A0,
+U+3000...); it reads an untyped schema with ``properties`` as an object and one with
+``items`` as an array; it checks ``multipleOf`` of integers only, and ``patternProperties``
+only as the sole way to add keys. It is the backend with a per-separator whitespace cap.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
+from constrained.grammars.allow_list import AllowList
+from constrained.grammars.backend import Backend
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
-from constrained.grammars.spec import GrammarSpec
-from constrained.grammars.vocab import Vocab
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.spec import GrammarSpec
+    from constrained.grammars.vocab import Vocab
 
 NAME = "xgrammar"
+
+# The keywords it enforces (in the combinations ``allow_list`` allows).
+KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties",
+        "items", "prefixItems", "anyOf", "allOf", "oneOf", "$ref", "minItems", "maxItems",
+        "minLength", "maxLength", "pattern", "format",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "minProperties", "maxProperties", "patternProperties",
+    }
+)  # fmt: skip
+
+RULES = AllowList(
+    keywords=KEYWORDS,
+    formats=frozenset({"time", "email", "ipv4", "uuid", "uri"}),
+    pattern_escapes="sS",
+    schema_additional_properties=True,
+    infers_container_type=True,
+)
 
 
 class XGrammarGrammar:
@@ -90,3 +121,6 @@ def _clean(message: str) -> str:
     """First line of an xgrammar error, without its "[time] file.cc:line: " prefix."""
     lines = message.strip().splitlines()
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0] if lines else "failed")[:500]
+
+
+BACKEND = Backend(NAME, XGrammarGrammar, refusal=RULES.refusal)

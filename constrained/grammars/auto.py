@@ -1,0 +1,55 @@
+"""Which backend compiles a spec: the one asked for, or for ``auto`` the first that enforces it.
+
+A backend compiles a JSON schema only when its ``refusal`` finds nothing it would not
+enforce. ``auto`` tries ``registry.BACKENDS`` in order and takes the first that compiles; when
+none does, the first backend's reason leads (llguidance enforces the most) and, for JSON
+schemas, the error names the keyword no backend enforces.
+"""
+
+from __future__ import annotations
+
+import json
+
+from constrained.grammars.backend import CompiledGrammar
+from constrained.grammars.errors import GrammarError
+from constrained.grammars.registry import BACKENDS, get_backend
+from constrained.grammars.spec import GrammarSpec
+from constrained.grammars.vocab import Vocab
+
+
+def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
+    """Compile with the backend called ``name``, unless it would not enforce the schema.
+
+    Raises:
+        GrammarError: the backend refuses the constraint, or it does not compile.
+    """
+    backend = get_backend(name)
+    if spec.kind == "json_schema":
+        found = backend.refusal(json.loads(spec.source))
+        if found:
+            keyword, path = found
+            raise GrammarError(
+                name, f"does not enforce keyword '{keyword}' (at {path})", keyword=keyword
+            )
+    return backend.compile(spec, vocab)
+
+
+def compile_auto(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
+    """Compile with the first backend, in ``auto`` order, that compiles ``spec``.
+
+    Raises:
+        GrammarError: no backend does; its message joins every backend's reason.
+    """
+    errors: list[GrammarError] = []
+    for backend in BACKENDS:
+        try:
+            return compile_with(backend.name, spec, vocab)
+        except GrammarError as exc:
+            errors.append(exc)
+    reasons = "; ".join(str(e) for e in errors)
+    keyword = BACKENDS[0].refused_keyword(errors[0]) if spec.kind == "json_schema" else None
+    if keyword is not None:
+        raise GrammarError(
+            "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword
+        )
+    raise GrammarError("", f"cannot be compiled ({reasons})")
