@@ -208,3 +208,13 @@ def test_rows_without_options_are_untouched_bit_for_bit() -> None:
     assert torch.equal(out[0].view(torch.int32), before[0].view(torch.int32))
     assert out[1, 0] == 15.0  # the other row in the same batch was biased...
     assert torch.isinf(out[1, 1:]).all()  # ...and min-p 0.5 kept only its top token
+
+
+def test_v2_count_table_is_allocated_when_the_processor_is_built() -> None:
+    """vLLM sizes the KV cache from the memory in use after building the model runner (and
+    its processors): a table allocated later is memory vLLM did not account for."""
+    states = fake_req_states(CAPACITY, VOCAB)
+    proc = PenaltiesProcessor(SimpleNamespace(speculative_config=None), states)
+    table = proc.counts.counts.counts
+    assert table.shape == (CAPACITY, VOCAB) and table.dtype == torch.int32
+    assert table.device == states.device
