@@ -2,7 +2,7 @@
 
 For every schema of MaskBench (``../shared/data/maskbench``, see that folder's README) and every
 configuration (``llguidance``, ``xgrammar``, ``outlines``, ``auto``: our ``compile_now`` with
-that backend, so xgrammar / outlines go through ``schema_support``'s allow-list), the schema is
+that backend, so xgrammar / outlines go through their allow-lists, ``grammars/allow_list.py``), the schema is
 compiled, then each test instance is serialized compactly
 (``json.dumps(data, separators=(",", ":"), ensure_ascii=False)``), tokenized with the Qwen2
 tokenizer and walked token by token: before each token the next-token mask is filled (timed)
@@ -15,7 +15,7 @@ schemas that accepted an invalid instance (the backend did not enforce the schem
 valid instances rejected, compile time and per-token mask time percentiles, all per split too.
 
 ``xgrammar-unchecked`` / ``outlines-unchecked`` build the backend directly, without the
-allow-list: what the backend itself accepts, for calibrating ``schema_support``.
+allow-list: what the backend itself accepts, for calibrating the allow-lists (``RULES`` in each backend module).
 
 Each schema runs in a worker process (forked from a parent that has built the vocabulary) with
 a time limit covering compile and walk; a worker that runs over it (xgrammar compiles cannot be
@@ -57,6 +57,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 from benchmarks.common import machine_info, str_list
+from tests.walker import Walker
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "maskbench"
@@ -163,80 +164,6 @@ def parse_samples(text: str | None, configs: list[str]) -> dict[str, int]:
         return dict.fromkeys(configs, int(text))
     pairs = (item.split("=", 1) for item in str_list(text))
     return {name.strip(): int(size) for name, size in pairs}
-
-
-def serialize(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-
-
-# --------------------------------------------------------------------------- walking
-
-
-class ExactTokenizer:
-    """Token ids whose bytes are exactly the text's UTF-8 bytes.
-
-    The Qwen2 tokenizer NFC-normalizes (``"a\u0308"`` would be walked as ``"ä"``) and turns
-    ``<|endoftext|>`` written in a string into the special token; neither may change the
-    instance under test. So the tokenizer runs without its normalizer, and when the ids still
-    do not spell the text (special-token text), the text is walked one byte token per byte.
-    """
-
-    def __init__(self, vocab: Any) -> None:
-        from tokenizers import Tokenizer
-
-        spec = json.loads(vocab.hf_tokenizer.backend_tokenizer.to_str())
-        spec["normalizer"] = None
-        self.inner = Tokenizer.from_str(json.dumps(spec))
-        self.pieces: list[bytes] = vocab.token_bytes()
-        self.byte_ids: dict[int, int] = {}
-        for token_id, piece in enumerate(self.pieces):
-            if len(piece) == 1:
-                self.byte_ids.setdefault(piece[0], token_id)
-
-    def encode(self, text: str) -> list[int]:
-        raw = text.encode("utf-8")  # a lone surrogate raises: the instance is not UTF-8 text
-        ids = self.inner.encode(text, add_special_tokens=False).ids
-        if b"".join(self.pieces[i] for i in ids) == raw:
-            return ids
-        return [self.byte_ids[b] for b in raw]
-
-
-class Walker:
-    """Walks instances through a compiled grammar token by token, timing every mask fill."""
-
-    def __init__(self, vocab: Any) -> None:
-        import torch
-
-        from constrained.grammars.matcher import words_for
-
-        self.vocab = vocab
-        self.eos: int = vocab.eos_token_id
-        self.tokenizer = ExactTokenizer(vocab)
-        self.bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
-        self.words = self.bitmask.numpy()[0].view(np.uint32)
-        self.mask_ns: list[int] = []  # every fill's duration, appended by ``walk``
-
-    def tokens(self, data: Any) -> list[int]:
-        return self.tokenizer.encode(serialize(data))
-
-    def walk(self, compiled: Any, tokens: list[int]) -> tuple[bool, bool]:
-        """(accepted, disagreement): every token and then EOS allowed by the mask before it;
-        disagreement when the matcher refused a token its own mask allowed."""
-        matcher = compiled.matcher()
-        for token in [*tokens, self.eos]:
-            start = time.perf_counter_ns()
-            matcher.fill(self.bitmask, 0)
-            self.mask_ns.append(time.perf_counter_ns() - start)
-            if not (int(self.words[token >> 5]) >> (token & 31)) & 1:
-                return False, False
-            if token == self.eos:
-                return True, False
-            if not matcher.consume([token]):
-                return False, True
-        raise AssertionError("unreachable: the loop ends on EOS")
-
-    def accepts(self, compiled: Any, data: Any) -> bool:
-        return self.walk(compiled, self.tokens(data))[0]
 
 
 def build_vocab(configs: Iterable[str]) -> Any:

@@ -2,8 +2,8 @@
 
 Every group of the suite's core files, ``optional/`` and ``optional/format/`` is compiled
 with ``auto`` and with each explicit backend (``compile_now``, so xgrammar and outlines go
-through ``schema_support``'s allow-list). For each schema a backend accepts, every instance
-is serialized compactly and walked token by token (``benchmarks.maskbench.Walker``: the mask
+through their backend module's allow-list, ``grammars/allow_list.py``). For each schema a backend accepts, every instance
+is serialized compactly and walked token by token (``tests.walker.Walker``: the mask
 before each token must allow it, and end-of-sequence after the last); an invalid instance
 that walks through means a keyword the backend does not enforce, and fails the test.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.maskbench import Walker
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
 from constrained.grammars.schema_walk import json_type
+from tests.walker import Walker
 
 SUITE = (
     pathlib.Path(__file__).resolve().parents[2]
