@@ -2,8 +2,8 @@
 
 For every schema of MaskBench (``../shared/data/maskbench``, see that folder's README) and every
 configuration (``llguidance``, ``xgrammar``, ``outlines``, ``auto``: our ``compile_now`` with
-that backend, so xgrammar / outlines go through their allow-lists, ``grammars/allow_list.py``), the schema is
-compiled, then each test instance is serialized compactly
+that backend, so xgrammar / outlines go through their allow-lists, ``grammars/allow_list.py``),
+the schema is compiled, then each test instance is serialized compactly
 (``json.dumps(data, separators=(",", ":"), ensure_ascii=False)``), tokenized with the Qwen2
 tokenizer and walked token by token: before each token the next-token mask is filled (timed)
 and the token's bit must be set, then it is consumed. An instance is accepted when every token
@@ -15,7 +15,8 @@ schemas that accepted an invalid instance (the backend did not enforce the schem
 valid instances rejected, compile time and per-token mask time percentiles, all per split too.
 
 ``xgrammar-unchecked`` / ``outlines-unchecked`` build the backend directly, without the
-allow-list: what the backend itself accepts, for calibrating the allow-lists (``RULES`` in each backend module).
+allow-list: what the backend itself accepts, for calibrating the allow-lists (``RULES`` in
+each backend module).
 
 Each schema runs in a worker process (forked from a parent that has built the vocabulary) with
 a time limit covering compile and walk; a worker that runs over it (xgrammar compiles cannot be
