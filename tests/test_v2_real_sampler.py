@@ -1,0 +1,141 @@
+"""Our processors on vLLM's real Model Runner V2 sampler, on CPU: one subprocess per scenario.
+
+Real vLLM code (``tests/v2_real/harness.py``): ``RequestState``, vLLM's loader building our
+processors, the ``Sampler`` with its built-in logit-bias / penalties / temperature / min-p
+stages and ``apply_sampling_params``, the runner's input kernels, the rejection sampler's
+``gather_draft_sampled`` and request chunking, ``post_update``. Its Triton kernels run in
+Triton's interpreter. Simulated: the scheduler, the model (random logits), the drafter and the
+accept/sample decision.
+
+The harness patches Triton and torch globally, so each scenario runs in its own process
+(``python -m tests.v2_real.scenarios NAME``); this file never imports it. A scenario exits
+non-zero with a message on the first mismatch, and prints one ``V2REAL {json}`` line of counts
+that must reach the minimums below, so that nothing passes vacuously. Never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+
+# Each minimum is about half of what the seeded scenario produces today.
+MINIMUMS: dict[str, dict[str, int]] = {
+    "builtin_equivalence": {
+        "twin_rows": 200,
+        "twin_rows_processed": 200,  # vLLM's own rows did change
+        "twin_draft_rows": 60,
+        "twin_placeholder_rows": 8,
+        "twin_min_p_rows": 80,
+        "twin_t07_rows": 80,
+        "reference_vs_builtin_rows": 80,  # the reference itself equals vLLM's rows
+        "builtin_penalty_changed_rows": 60,  # and vLLM's penalties did change them
+        "top_token_rows": 80,
+        "solo_rows": 150,
+        "solo_window_rows": 100,
+        "solo_draft_rows": 40,
+        "solo_placeholder_rows": 4,
+        "plain_rows": 50,
+        "chunked_prefill_rows": 20,
+        "multi_call_steps": 8,
+        "skipped_calls": 5,
+        "resumed": 8,
+        "recycled_slots": 30,
+        "prefix_hits": 5,
+        "multi_token_commits": 50,
+    },
+    "penalty_placeholders": {
+        "twin_placeholder_rows": 20,
+        "twin_placeholder_rows_penalised": 10,
+        "solo_placeholder_rows": 12,
+        "top_token_rows": 40,
+        "placeholder_rows": 60,
+        "draft_rows": 60,
+        "recycled_slots": 15,
+    },
+    "grammar_masks": {
+        "constrained_rows": 100,
+        "constrained_draft_rows": 30,
+        "constrained_placeholder_rows": 15,
+        "constrained_chunk_rows": 5,
+        "constrained_resumed_rows": 8,
+        "plain_rows": 80,
+        "plain_only_steps": 3,
+        "skipped_steps": 3,
+        "multi_call_steps": 6,
+        "finished_by_eos": 10,
+        "slot_reused_by_other_constraint": 5,
+        "recycled_slots": 20,
+        "prefix_hits": 8,
+        "multi_token_commits": 15,
+    },
+}
+
+
+def run_scenario(name: str) -> dict:
+    env = dict(os.environ)
+    for key, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("VLLM_CPU_KVCACHE_SPACE", "2"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        env.setdefault(key, value)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.v2_real.scenarios", name],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-4000:]
+        pytest.fail(f"scenario {name} ran past {TIMEOUT_S} s; stderr tail:\n{tail!r}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scenario {name} exited {proc.returncode}; stderr tail:\n{proc.stderr[-6000:]}"
+            f"\nstdout tail:\n{proc.stdout[-2000:]}"
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("V2REAL ")]
+    assert len(lines) == 1, f"scenario {name}: no counts line; stdout:\n{proc.stdout[-2000:]}"
+    return json.loads(lines[0].removeprefix("V2REAL "))
+
+
+def check_counts(name: str) -> dict:
+    counts = run_scenario(name)
+    short = {k: (counts.get(k), want) for k, want in MINIMUMS[name].items()
+             if not counts.get(k, 0) >= want}  # fmt: skip
+    assert not short, f"scenario {name} covered too little (got, minimum): {short}; {counts}"
+    return counts
+
+
+def test_builtin_equivalence() -> None:
+    """``logit_bias``, penalties and ``min_p`` via ``extra_args`` give exactly vLLM's built-in V2
+    rows (twin slots, T = 1 and 0.7), windows and scopes give the reference's rows; with
+    draft rows, placeholder rows, chunked prefill, resumed requests, prefix hits, recycled
+    slots and chunked ``apply_sampling_params`` calls. Our processors' memory does not grow
+    after construction (vLLM sizes the KV cache from a start-up profile)."""
+    check_counts("builtin_equivalence")
+
+
+def test_grammar_masks() -> None:
+    """Every constrained row's allowed set equals a fresh reference matcher's, at the logits
+    width of the tiny model's real tokenizer, over draft rows (valid and junk drafts), -1
+    placeholder draft rows, chunked prefill, resumed and recycled slots, chunked calls and
+    steps vLLM skips; plain rows are untouched."""
+    counts = check_counts("grammar_masks")
+    assert set(counts["kinds"]) == {"grammar", "json_schema", "regex"}, counts["kinds"]
+
+
+def test_penalty_placeholders() -> None:
+    """Rows of a step that starts inside the prefill get -1 placeholder drafts from vLLM:
+    penalised rows must not count token ``vocab - 1`` for them (twins and windows)."""
+    check_counts("penalty_placeholders")

@@ -1,0 +1,610 @@
+"""Scenarios on vLLM's real V2 sampler (see ``harness``): ``python -m tests.v2_real.scenarios X``.
+
+Each scenario asserts as it goes (exit status 1 and a message naming the step, row and request
+on the first mismatch) and ends by printing one ``V2REAL {json}`` line of counts, which the
+pytest side checks are large enough that nothing passed vacuously.
+
+Real vLLM: request state, our processors as vLLM's loader builds them, the ``Sampler`` with its
+built-in stages, the runner's input kernels, ``gather_draft_sampled``, ``post_update``.
+Simulated: the scheduler, the model (random logits), the drafter, the accept/sample decision.
+"""
+
+from tests.v2_real import harness  # first: patches Triton/torch before vLLM is imported
+
+# ruff: noqa: I001
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from vllm import SamplingParams
+
+from tests.v2_real.harness import Plan, Req, V2Runner, sample_step, tensor_bytes
+
+SCENARIOS: dict[str, Callable[[], dict]] = {}
+
+
+def scenario(fn: Callable[[], dict]) -> Callable[[], dict]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+# ---- references ------------------------------------------------------------------------
+
+
+def penalised(
+    logits: torch.Tensor,
+    prompt: list[int],
+    output: list[int],
+    extra: dict,
+) -> torch.Tensor:
+    """Bias, then penalties over the tokens ``penalty_scope`` / ``penalty_last_n`` count, in
+    the float32 operations of vLLM's V2 ``_penalties_kernel`` (``l *= 1/r`` for ``l > 0``)."""
+    vocab = logits.shape[0]
+    out = logits.clone()
+    for token, bias in (extra.get("logit_bias") or {}).items():
+        out[int(token)] += torch.tensor(bias, dtype=torch.float32)
+    rep = torch.tensor(extra.get("repetition_penalty", 1.0), dtype=torch.float32)
+    freq = torch.tensor(extra.get("frequency_penalty", 0.0), dtype=torch.float32)
+    pres = torch.tensor(extra.get("presence_penalty", 0.0), dtype=torch.float32)
+    if rep == 1 and freq == 0 and pres == 0:
+        return out
+    window = extra.get("penalty_last_n") or 0
+    scope = extra.get("penalty_scope") or "default"
+    sequence = prompt + output
+    start = max(0, len(sequence) - window) if window else 0
+    in_prompt = [t for i, t in enumerate(sequence) if start <= i < len(prompt)]
+    in_output = [t for i, t in enumerate(sequence) if i >= max(start, len(prompt))]
+    if scope == "output":
+        in_prompt = []
+    elif scope == "prompt_and_output":
+        in_prompt, in_output = [], in_prompt + in_output
+    counts = torch.bincount(torch.tensor(in_output, dtype=torch.int64), minlength=vocab)
+    counts = counts.to(torch.int32)
+    prompt_seen = torch.bincount(torch.tensor(in_prompt, dtype=torch.int64), minlength=vocab) > 0
+    seen = (counts > 0) | prompt_seen
+    one = torch.tensor(1.0, dtype=torch.float32)
+    scale = torch.where(seen, rep, one)
+    out = out * torch.where(out > 0, one / scale, scale)
+    out = out - freq * counts.to(torch.float32)
+    return out - pres * (counts > 0).to(torch.float32)
+
+
+def divided(row: torch.Tensor, temperature: float) -> torch.Tensor:
+    """vLLM's ``_temperature_kernel``: ``l / T`` in float32 (skipped for T = 0 or 1)."""
+    if temperature in (0.0, 1.0):
+        return row
+    return row / torch.tensor(temperature, dtype=torch.float32)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    both = torch.isfinite(a) & torch.isfinite(b)
+    diff = (a[both] - b[both]).abs()
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def random_tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+# ---- scheduling helpers ----------------------------------------------------------------
+
+
+def plan_for(req: Req, rng: random.Random, num_spec: int, drafts: list[int]) -> Plan:
+    """A random plan: a prefill chunk, or a decode step with ``drafts``.
+
+    A final prefill chunk sometimes comes padded with ``num_spec`` placeholder draft slots, as
+    vLLM's scheduler pads a new request with one token left to compute (prefix or remote KV
+    hit) to the uniform ``1 + num_spec`` decode shape; here for final chunks of any size."""
+    if req.prefilling:
+        remaining = req.prefill_len - req.computed
+        chunk = remaining if rng.random() < 0.5 else rng.randint(1, remaining)
+        pad = num_spec if chunk == remaining and rng.random() < 0.4 else 0
+        return Plan(prefill=chunk, placeholders=pad)
+    return Plan(drafts=drafts)
+
+
+def prefix_hit(rng: random.Random, length: int) -> int:
+    """Now and then a prefix-cache hit: sometimes all but one token (the case vLLM pads with
+    placeholder drafts), sometimes part of the prefill."""
+    if length < 3 or rng.random() >= 0.25:
+        return 0
+    return length - 1 if rng.random() < 0.5 else rng.randrange(1, length - 1)
+
+
+def admit_fresh(runner: V2Runner, req: Req, rng: random.Random) -> None:
+    runner.admit(req, prefix_hit(rng, len(req.tokens)))
+
+
+# ---- 1. built-in equivalence -------------------------------------------------------------
+
+
+BUILTIN_VOCAB = 4096
+
+
+def twin_options(rng: random.Random, vocab: int) -> dict:
+    extra: dict = {}
+    if rng.random() < 0.6:
+        extra["logit_bias"] = {
+            rng.randrange(vocab): round(rng.uniform(-30, 30), 3) for _ in range(rng.randint(1, 6))
+        }
+    if rng.random() < 0.75:
+        extra["repetition_penalty"] = rng.choice([1.0, 0.7, 1.3, 2.0])
+        extra["frequency_penalty"] = rng.choice([0.0, -1.5, 0.5, 2.0])
+        extra["presence_penalty"] = rng.choice([0.0, -0.5, 1.0])
+    if rng.random() < 0.4:
+        extra["min_p"] = rng.choice([0.05, 0.3, round(rng.uniform(0.01, 0.9), 4)])
+    return extra or {"frequency_penalty": 0.5}
+
+
+def builtin_params(extra: dict, temperature: float) -> SamplingParams:
+    """The same options as vLLM's own ``SamplingParams`` fields."""
+    return SamplingParams(
+        temperature=temperature,
+        logit_bias=extra.get("logit_bias"),
+        repetition_penalty=extra.get("repetition_penalty", 1.0),
+        frequency_penalty=extra.get("frequency_penalty", 0.0),
+        presence_penalty=extra.get("presence_penalty", 0.0),
+        min_p=extra.get("min_p", 0.0),
+    )
+
+
+def solo_options(rng: random.Random, vocab: int) -> dict:
+    extra = {
+        "repetition_penalty": rng.choice([0.7, 1.3, 2.0]),
+        "frequency_penalty": rng.choice([0.0, -1.5, 0.5, 2.0]),
+        "presence_penalty": rng.choice([0.0, -0.5, 1.0]),
+        "penalty_last_n": rng.choice([0, 1, 2, 3, 8]),
+        "penalty_scope": rng.choice(["default", "output", "prompt_and_output"]),
+    }
+    if rng.random() < 0.3:
+        extra["logit_bias"] = {rng.randrange(vocab): 5.0}
+    return extra
+
+
+def run_twins(
+    *,
+    seed: int,
+    steps: int,
+    num_spec: int,
+    capacity: int,
+    prompt_range: tuple[int, int],
+    placeholder_only: bool = False,
+) -> dict:
+    """Shared body of ``builtin_equivalence`` and ``penalty_placeholders``.
+
+    Groups of requests run in lockstep: a twin pair (ours via ``extra_args``, vLLM's via its
+    own fields; same prompt, same plans, same logits rows, same committed tokens), a solo with
+    a window or scope of ours (checked against ``penalised``), or a plain request."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    vocab = BUILTIN_VOCAB
+    started = time.monotonic()
+    config = harness.make_vllm_config(capacity, num_spec, 256, 512)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=vocab,
+        num_spec=num_spec,
+        max_model_len=256,
+        max_num_batched_tokens=512,
+    )
+    footprint = tensor_bytes(runner.custom)
+    stats = {
+        "setup_seconds": round(time.monotonic() - started, 1),
+        "twin_rows": 0,
+        "twin_rows_processed": 0,
+        "twin_draft_rows": 0,
+        "twin_placeholder_rows": 0,
+        "twin_placeholder_rows_penalised": 0,
+        "twin_min_p_rows": 0,
+        "twin_t07_rows": 0,
+        "solo_rows": 0,
+        "solo_window_rows": 0,
+        "solo_draft_rows": 0,
+        "solo_placeholder_rows": 0,
+        "plain_rows": 0,
+        "reference_vs_builtin_rows": 0,
+        "top_token_rows": 0,
+        "builtin_penalty_changed_rows": 0,  # vLLM's own penalties did change the row
+    }
+    top = vocab - 1  # never in prompts, drafts or samples: only a misread -1 would count it
+    active: list[tuple[str, list[Req]]] = []  # (kind, requests in lockstep)
+    parked: list[tuple[str, list[Req]]] = []  # preempted, resumed later with their output
+    next_id = 0
+
+    def new_req(name: str, params: SamplingParams, prompt: list[int], extra: dict) -> Req:
+        nonlocal next_id
+        next_id += 1
+        return Req(f"{name}{next_id}", params, list(prompt), tag=extra)
+
+    for step_no in range(steps):
+        # -- finish or preempt whole groups --
+        for group in list(active):
+            head = group[1][0]
+            done = len(head.output) >= (6 if placeholder_only else 24)
+            roll = rng.random()
+            if done or roll < 0.1:
+                for req in group[1]:
+                    runner.finish(req)
+                active.remove(group)
+                if not done and roll < 0.04 and head.output and not placeholder_only:
+                    parked.append(group)
+        # -- admit: resumed groups, then new ones (always scheduled in their first step) --
+        fresh: set[str] = set()
+        if parked and runner.num_admitted + len(parked[0][1]) <= capacity and rng.random() < 0.5:
+            group = parked.pop(0)
+            hit = prefix_hit(rng, len(group[1][0].tokens))
+            for req in group[1]:
+                runner.admit(req, hit)
+                fresh.add(req.req_id)
+            active.append(group)
+        for _ in range(rng.randint(0, 3)):
+            roll = rng.random()
+            prompt = random_tokens(rng, rng.randint(*prompt_range), top)
+            temperature = rng.choice([1.0, 0.7])
+            if roll < 0.6 and runner.num_admitted + 2 <= capacity:
+                extra = twin_options(rng, top)
+                ours = SamplingParams(temperature=temperature, extra_args=extra)
+                theirs = builtin_params(extra, temperature)
+                pair = [
+                    new_req("ours", ours, prompt, extra),
+                    new_req("vllm", theirs, prompt, extra),
+                ]
+                group = ("twin", pair)
+            elif roll < 0.85 and runner.num_admitted + 1 <= capacity:
+                extra = solo_options(rng, top)
+                params = SamplingParams(temperature=temperature, extra_args=extra)
+                group = ("solo", [new_req("solo", params, prompt, extra)])
+            elif runner.num_admitted + 1 <= capacity:
+                group = ("plain", [new_req("plain", SamplingParams(temperature=1.0), prompt, {})])
+            else:
+                continue
+            hit = prefix_hit(rng, len(prompt))
+            for req in group[1]:
+                runner.admit(req, hit)
+                fresh.add(req.req_id)
+            active.append(group)
+        # -- schedule: a group shares one plan --
+        plans: dict[str, Plan] = {}
+        for _, reqs in active:
+            if reqs[0].req_id in fresh or rng.random() < 0.9:
+                plan = twin_plan(reqs[0], rng, num_spec, top, placeholder_only)
+                for req in reqs:
+                    plans[req.req_id] = Plan(plan.prefill, list(plan.drafts), plan.placeholders)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, vocab) * 3
+        logits[:, top] = 4.0 + torch.rand(step.num_rows)  # positive: repetition would divide
+        rows_of = {req.req_id: step.rows_of(req) for req in step.reqs}
+        scheduled = [(kind, reqs) for kind, reqs in active if reqs[0].req_id in rows_of]
+        for kind, reqs in scheduled:
+            if kind == "twin":
+                for ra, rb in zip(rows_of[reqs[0].req_id], rows_of[reqs[1].req_id], strict=True):
+                    logits[ra.index] = logits[rb.index]
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 3, 5]))
+        where = f"step {step_no} (runner step {step.number})"
+        for kind, reqs in scheduled:
+            if kind == "twin":
+                check_twin(stats, where, reqs, rows_of, logits, processed, top)
+            elif kind == "solo":
+                check_solo(stats, where, reqs[0], rows_of, logits, processed, top)
+            else:
+                for row in rows_of[reqs[0].req_id]:
+                    check(
+                        bits_equal(processed[row.index], logits[row.index]),
+                        f"{where} {reqs[0].req_id} local {row.local}: plain row changed",
+                    )
+                    stats["plain_rows"] += 1
+        # -- sample from vLLM's row (never token vocab-1); twins share the outcome --
+        decide_on = processed.clone()
+        others = torch.isfinite(decide_on[:, :top]).any(dim=1)
+        decide_on[others, top] = -math.inf
+        followers = {reqs[0].req_id: reqs[1].req_id for kind, reqs in scheduled if kind == "twin"}
+        leaders = {r.req_id for r in step.reqs} - set(followers)
+        accepted = sample_step(step, decide_on, rng, leaders=leaders)
+        for ours_id, vllm_id in followers.items():
+            if vllm_id in accepted:
+                accepted[ours_id] = list(accepted[vllm_id])
+        runner.commit(step, accepted)
+        grown = tensor_bytes(runner.custom) - footprint
+        table = capacity * vocab * 4
+        check(
+            grown < table // 2,
+            f"{where}: our processors hold {grown} bytes more than after construction (a "
+            f"[slots, vocab] int32 table is {table}): memory that vLLM's start-up profile, "
+            "which sizes the KV cache, did not see",
+        )
+        stats["footprint_growth_bytes"] = grown
+    stats.update(vars(runner.counters))
+    return stats
+
+
+def check_twin(stats, where, reqs, rows_of, logits, processed, top) -> None:
+    """Our row (extra_args) must be vLLM's built-in row for the same options."""
+    a, b = reqs
+    extra = a.tag
+    for ra, rb in zip(rows_of[a.req_id], rows_of[b.req_id], strict=True):
+        got, want = processed[ra.index], processed[rb.index]
+        raw = divided(logits[rb.index], b.params.temperature)
+        at = f"{where} {a.req_id}/{b.req_id} local {ra.local} {extra}"
+        stats["twin_rows"] += 1
+        stats["twin_draft_rows"] += ra.local > 0 and not ra.placeholder
+        stats["twin_placeholder_rows"] += ra.placeholder
+        stats["twin_t07_rows"] += a.params.temperature != 1.0
+        stats["twin_rows_processed"] += not bits_equal(want, raw)  # vLLM did change it
+        if extra.get("min_p"):
+            stats["twin_min_p_rows"] += 1
+            kept_a, kept_b = torch.isfinite(got), torch.isfinite(want)
+            differ = (kept_a != kept_b).nonzero().flatten().tolist()
+            check(not differ, f"{at}: min_p keeps tokens {differ[:8]} differently")
+            check(
+                bits_equal(got[kept_a], want[kept_b]),
+                f"{at}: kept values differ by up to {max_abs_diff(got, want)}",
+            )
+            continue
+        if not bits_equal(got, want):
+            tokens = (got.view(torch.int32) != want.view(torch.int32)).nonzero().flatten()
+            raise AssertionError(
+                f"{at}: rows differ at tokens {tokens[:8].tolist()} (max |diff| "
+                f"{max_abs_diff(got, want)}); prompt {b.prompt} output {b.output}, drafts "
+                f"{ra.drafts_before}, placeholder row {ra.placeholder}, input id {ra.input_id}"
+            )
+        # The reference, checked on vLLM's own rows, so that the solo checks can trust it.
+        ref = divided(penalised(logits[rb.index], b.prompt, rb.counted_output(), extra),
+                      b.params.temperature)  # fmt: skip
+        check(
+            bits_equal(ref, want),
+            f"{at}: harness bug: the reference differs from vLLM's built-in row by "
+            f"{max_abs_diff(ref, want)}",
+        )
+        stats["reference_vs_builtin_rows"] += 1
+        check(
+            bits_equal(got[top], raw[top]),
+            f"{at}: token {top} (vocab-1, never seen) changed: {float(raw[top])} -> "
+            f"{float(got[top])}; drafts {ra.drafts_before}, placeholder row {ra.placeholder}",
+        )
+        stats["top_token_rows"] += 1
+        bias_only = {"logit_bias": extra.get("logit_bias")}
+        unpenalised = divided(penalised(logits[rb.index], [], [], bias_only), b.params.temperature)
+        stats["builtin_penalty_changed_rows"] += not bits_equal(want, unpenalised)
+        has_penalty = any(
+            extra.get(k, d) != d
+            for k, d in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                         ("presence_penalty", 0.0))
+        )  # fmt: skip
+        stats["twin_placeholder_rows_penalised"] += ra.placeholder and has_penalty
+
+
+def check_solo(stats, where, s, rows_of, logits, processed, top) -> None:
+    """Our windows and scopes against the straightforward per-row reference."""
+    for row in rows_of[s.req_id]:
+        want = divided(
+            penalised(logits[row.index], s.prompt, row.counted_output(), s.tag),
+            s.params.temperature,
+        )
+        got = processed[row.index]
+        check(
+            bits_equal(got, want),
+            f"{where} {s.req_id} local {row.local} {s.tag}: differs from the reference by "
+            f"{max_abs_diff(got, want)} (token {top}: {float(logits[row.index, top])} -> "
+            f"{float(got[top])}, expected {float(want[top])}); prompt {s.prompt} output "
+            f"{s.output}, drafts {row.drafts_before}, placeholder row {row.placeholder}",
+        )
+        stats["solo_rows"] += 1
+        stats["solo_window_rows"] += bool(s.tag.get("penalty_last_n"))
+        stats["solo_draft_rows"] += row.local > 0 and not row.placeholder
+        stats["solo_placeholder_rows"] += row.placeholder
+
+
+def twin_plan(req: Req, rng: random.Random, num_spec: int, top: int, placeholders: bool) -> Plan:
+    """Drafts half from the request's own tokens (so penalties see repeats), half random."""
+    if req.prefilling and placeholders:
+        return Plan(prefill=req.prefill_len - req.computed, placeholders=num_spec)
+    drafts = []
+    for _ in range(rng.choice([0, 1, 2, num_spec])):
+        pool = req.tokens if rng.random() < 0.5 else None
+        drafts.append(rng.choice(pool) if pool else rng.randrange(top))
+    return plan_for(req, rng, num_spec, drafts)
+
+
+@scenario
+def builtin_equivalence() -> dict:
+    """Our logit_bias / penalties / min_p rows equal vLLM's built-in V2 rows (twin slots),
+    windows and scopes equal the reference; speculative rows, placeholders, chunked prefill,
+    recycled slots, resumed requests, prefix hits, several calls per step."""
+    return run_twins(
+        seed=11,
+        steps=50,
+        num_spec=2,
+        capacity=16,
+        prompt_range=(1, 40),
+    )
+
+
+@scenario
+def penalty_placeholders() -> dict:
+    """Every request's first step is its whole prefill plus placeholder draft slots (-1 in
+    ``input_ids``): penalised rows must not count token ``vocab - 1`` for them."""
+    stats = run_twins(
+        seed=5, steps=24, num_spec=3, capacity=8, prompt_range=(2, 12), placeholder_only=True
+    )
+    return stats
+
+
+# ---- 2. grammar masks ------------------------------------------------------------------
+
+
+@scenario
+def grammar_masks() -> dict:
+    """Every constrained row's finite set equals a fresh reference matcher's after the
+    request's output fed up to that row (committed, then drafts); plain rows untouched."""
+    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, Reference
+
+    from constrained.grammars import load_vocab
+    from constrained.tiny_model import build_tiny_model
+
+    rng = random.Random(7)
+    torch.manual_seed(7)
+    capacity, num_spec = 10, 3
+    started = time.monotonic()
+    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
+    check(config.model_config.get_vocab_size() == WIDTH, "the tiny model's width moved")
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=WIDTH,
+        num_spec=num_spec,
+        max_model_len=512,
+        max_num_batched_tokens=1024,
+    )
+    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    eos = reference.vocab.eos_token_id
+    stats = {
+        "setup_seconds": round(time.monotonic() - started, 1),
+        "slot_reused_by_other_constraint": 0,
+        "constrained_rows": 0,
+        "constrained_draft_rows": 0,
+        "constrained_placeholder_rows": 0,
+        "constrained_chunk_rows": 0,
+        "constrained_resumed_rows": 0,
+        "plain_rows": 0,
+        "plain_only_steps": 0,
+        "finished_by_eos": 0,
+        "kinds": [],
+    }
+    kinds_seen: set[str] = set()
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    last_in_slot: dict[int, dict | None] = {}
+    next_id = 0
+
+    def constraint_of(req: Req) -> dict | None:
+        return req.params.extra_args or None
+
+    for step_no in range(60):
+        plain_only = step_no % 6 == 5  # vLLM skips processing for a batch of plain requests
+        for req in list(reqs):
+            if req.slot is None:
+                continue
+            extra = constraint_of(req)
+            ended = eos in req.output or len(req.output) >= (40 if extra else 8)
+            if ended or rng.random() < 0.05:
+                runner.finish(req)
+                reqs.remove(req)
+                stats["finished_by_eos"] += bool(extra) and eos in req.output
+                if not ended and req.output:
+                    parked.append(req)  # preempted: back later with its output
+        fresh: set[str] = set()
+        if not plain_only and parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        for _ in range(0 if plain_only else rng.randint(0, 2)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            extra = dict(rng.choice(CONSTRAINTS)) if rng.random() < 0.7 else None
+            temperature = rng.choice([1.0, 0.7]) if extra else 1.0
+            long = rng.random() < 0.25
+            prompt = random_tokens(rng, rng.randint(60, 150) if long else rng.randint(3, 12), 1000)
+            req = Req(
+                f"r{next_id}", SamplingParams(temperature=temperature, extra_args=extra), prompt
+            )
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+            if extra:
+                kinds_seen.add(next(k for k in ("regex", "grammar", "json_schema") if k in extra))
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if plain_only and constraint_of(req):
+                continue
+            if req.req_id not in fresh and rng.random() > 0.85:
+                continue  # live but not scheduled this step
+            drafts: list[int] = []
+            if not req.prefilling:
+                extra = constraint_of(req)
+                for _ in range(rng.choice([0, 0, 1, 2, 3])):
+                    if extra and rng.random() < 0.7:
+                        ok = reference.allowed(extra, req.output + drafts).nonzero().flatten()
+                        drafts.append(int(ok[rng.randrange(ok.numel())]))
+                    else:
+                        drafts.append(rng.randrange(WIDTH))
+            plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        for req in step.reqs:
+            if req.req_id in fresh:
+                previous = last_in_slot.get(req.slot, "unused")
+                stats["slot_reused_by_other_constraint"] += previous not in (
+                    "unused",
+                    req.params.extra_args,
+                )
+                last_in_slot[req.slot] = req.params.extra_args
+        logits = torch.randn(step.num_rows, WIDTH)
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        stats["plain_only_steps"] += plain_only
+        for row in step.rows:
+            req = row.req
+            extra = constraint_of(req)
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            if not extra:
+                check(bits_equal(processed[row.index], logits[row.index]), f"{at}: plain changed")
+                stats["plain_rows"] += 1
+                continue
+            seen = row.seen_output()
+            want = reference.allowed(extra, seen)
+            got = torch.isfinite(processed[row.index])
+            if not torch.equal(got, want):
+                extra_ids = (got & ~want).nonzero().flatten()[:5].tolist()
+                missing = (want & ~got).nonzero().flatten()[:5].tolist()
+                raise AssertionError(
+                    f"{at} {extra}: mask differs from the reference after output {seen} "
+                    f"(row input {row.input_id}, placeholder {row.placeholder}, sampled "
+                    f"{row.sampled}): {int(got.sum())} allowed vs {int(want.sum())} expected; "
+                    f"allowed but not expected {extra_ids}, expected but masked {missing}"
+                )
+            stats["constrained_rows"] += 1
+            stats["constrained_draft_rows"] += row.local > 0 and not row.placeholder
+            stats["constrained_placeholder_rows"] += row.placeholder
+            stats["constrained_chunk_rows"] += not row.sampled and not row.placeholder
+            stats["constrained_resumed_rows"] += req.prefill_len > len(req.prompt)
+        runner.commit(step, sample_step(step, processed, rng))
+    stats["kinds"] = sorted(kinds_seen)
+    stats.update(vars(runner.counters))
+    return stats
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in SCENARIOS:
+        print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")
+        return 2
+    harness.check_vllm_internals()
+    start = time.monotonic()
+    counts = SCENARIOS[argv[0]]()
+    counts["seconds"] = round(time.monotonic() - start, 1)
+    counts = {
+        k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
+        for k, v in counts.items()
+    }
+    harness.emit(counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
