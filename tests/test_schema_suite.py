@@ -2,9 +2,10 @@
 
 Every group of the suite's core files, ``optional/`` and ``optional/format/`` is compiled
 with ``auto`` and with each explicit backend (``compile_now``, so xgrammar and outlines go
-through their backend module's allow-list, ``grammars/allow_list.py``). For each schema a backend accepts, every instance
-is serialized compactly and walked token by token (``tests.walker.Walker``: the mask
-before each token must allow it, and end-of-sequence after the last); an invalid instance
+through their backend module's allow-list, ``grammars/allow_list.py``). For each schema a
+backend accepts, every instance is serialized compactly and walked token by token
+(``tests.walker.Walker``: the mask before each token must allow it, and end-of-sequence after
+the last); an invalid instance
 that walks through means a keyword the backend does not enforce, and fails the test.
 
 The suite's core schemas rarely declare ``type`` (``{"minLength": 2}``), which xgrammar and
