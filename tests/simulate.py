@@ -1,9 +1,11 @@
-"""Drive processors the way vLLM's model runners do, without an engine.
+"""Drive processors the way vLLM's Model Runner V1 does, without an engine.
 
 ``V1Batch`` keeps a persistent batch like vLLM's ``InputBatch`` (condensed indices, holes
 filled by adds or by moving the last request down, swaps for reordering, preempted requests
-re-added with their output so far) and emits the matching ``BatchUpdate``s. ``v2_context``
-builds Model Runner V2's per-step ``LogitsContext`` with reordered and speculative rows.
+re-added with their output so far) and emits the matching ``BatchUpdate``s, as vLLM's own
+``tests/v1/logits_processors/test_correctness.py`` does. Model Runner V2 is tested on vLLM's
+real V2 sampler code instead (``tests/v2_real/``); ``FakeReqStates`` only builds a V2
+processor without a runner.
 """
 
 from __future__ import annotations
@@ -134,40 +136,3 @@ class V1Batch:
         if not (removed or added or moved):
             return None
         return BatchUpdate(batch_size=len(self.rows), removed=removed, added=added, moved=moved)
-
-
-def v2_context(
-    slot_of_request: list[int],
-    draft_tokens: list[list[int]],
-    last_tokens: list[int],
-    lengths: list[int] | None = None,
-) -> tuple[SimpleNamespace, list[int], list[int]]:
-    """A V2 ``LogitsContext``: request ``i`` owns ``1 + len(draft_tokens[i])`` consecutive
-    rows; row 0 is fed its last committed token, row ``k`` its draft ``k - 1``.
-    ``lengths[i]`` is the request's committed length (prompt + output): row ``k`` sits at
-    position ``lengths[i] - 1 + k``.
-
-    Returns the context, the slot of each row, and each row's local position."""
-    expanded, local, input_ids, pos = [], [], [], []
-    lengths = lengths or [1] * len(slot_of_request)
-    for slot, drafts, last, length in zip(
-        slot_of_request, draft_tokens, last_tokens, lengths, strict=True
-    ):
-        for k, token in enumerate([last, *drafts]):
-            expanded.append(slot)
-            local.append(k)
-            input_ids.append(token)
-            pos.append(length - 1 + k)
-    ctx = SimpleNamespace(
-        idx_mapping=torch.tensor(slot_of_request, dtype=torch.int32),
-        idx_mapping_np=np.array(slot_of_request, dtype=np.int32),
-        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
-        expanded_local_pos=torch.tensor(local, dtype=torch.int32),
-        input_ids=torch.tensor(input_ids, dtype=torch.int32),
-        pos=torch.tensor(pos, dtype=torch.int64),
-        # V2: tokens visible to each request's last row (its committed length plus drafts).
-        seq_lens_upper_bound_np=np.array(
-            [n + len(d) for n, d in zip(lengths, draft_tokens, strict=True)], dtype=np.int32
-        ),
-    )
-    return ctx, expanded, local
