@@ -114,6 +114,10 @@ def check_counts(name: str) -> dict:
     short = {k: (counts.get(k), want) for k, want in MINIMUMS[name].items()
              if not counts.get(k, 0) >= want}  # fmt: skip
     assert not short, f"scenario {name} covered too little (got, minimum): {short}; {counts}"
+    # Every apply of ours ran under the sync guard (``v2_real/sync_guard.py``): no host read
+    # of a device tensor but the grammar mask's one fetch, at most once per apply call.
+    assert counts["guarded_apply_calls"] >= 100, counts
+    assert counts["max_fetches_per_apply"] <= 1, counts
     return counts
 
 
@@ -133,6 +137,7 @@ def test_grammar_masks() -> None:
     steps vLLM skips; plain rows are untouched."""
     counts = check_counts("grammar_masks")
     assert set(counts["kinds"]) == {"grammar", "json_schema", "regex"}, counts["kinds"]
+    assert counts["host_fetches"] >= 30, counts  # the fetch ran, once per constrained call
 
 
 def test_penalty_placeholders() -> None:

@@ -83,6 +83,8 @@ import torch
 import vllm
 from vllm import SamplingParams
 
+from tests.v2_real.sync_guard import SyncGuard
+
 # 0.32.0: checked. 0.33.0: these interfaces are byte-identical per the project's notes.
 KNOWN_VLLM_VERSIONS = ("0.32.0", "0.33.0")
 
@@ -378,6 +380,9 @@ class V2Runner:
         _check_attrs(self.rs, REQUEST_STATE_ATTRS, "RequestState")
         names = constrained.LOGITS_PROCESSORS if processors is None else processors
         self.custom = build_custom_logits_processors(vllm_config, self.rs, False, list(names))
+        # Every per-step call of ours runs under the guard: no host read but the one fetch.
+        self.sync_guard = SyncGuard()
+        self.sync_guard.install(self.custom)
         self.sampler = Sampler(
             vllm_config=vllm_config,
             max_num_reqs=max_num_reqs,

@@ -329,6 +329,7 @@ def run_twins(
         )
         stats["footprint_growth_bytes"] = grown
     stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
     return stats
 
 
@@ -587,6 +588,7 @@ def grammar_masks() -> dict:
         runner.commit(step, sample_step(step, processed, rng))
     stats["kinds"] = sorted(kinds_seen)
     stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
     return stats
 
 
