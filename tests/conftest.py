@@ -41,7 +41,7 @@ def served(tiny_model_dir: str, tmp_path_factory):
     Started by the soak's ``start_server``: a KV cache of 24 blocks (3,072 tokens, so 64
     concurrent requests force preemption) and the engine's state snapshots enabled.
     """
-    from benchmarks.soak import start_server
+    from tests.soak import start_server
 
     handle = start_server(tiny_model_dir, tmp_path_factory.mktemp("server"), 24, 64)
     try:

@@ -1,4 +1,4 @@
-"""A short soak of our server (``benchmarks/soak.py``): 64 concurrent clients, mixed options,
+"""A short soak of our server (``tests/soak.py``): 64 concurrent clients, mixed options,
 bad requests and dropped streams, a KV cache small enough to force preemption.
 
 Asserts every check of the soak (no error for a good request, valid constrained outputs,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import soak
+from tests import soak
 
 
 @pytest.mark.engine
