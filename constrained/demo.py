@@ -1,4 +1,5 @@
-"""``python -m constrained demo``: generate with and without our options and show the difference.
+"""``python -m constrained demo``: a schema-constrained JSON answer, a refused bad request, then
+generation with and without our sampling options.
 
 Runs on the embedded tiny model (random weights, so the text is noise: what matters is what
 the options do to it).
@@ -7,6 +8,9 @@ the options do to it).
 from __future__ import annotations
 
 import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from constrained import LOGITS_PROCESSORS, Options
 from constrained.tiny_model import build_tiny_model
@@ -36,6 +40,9 @@ def main(model: str | None = None) -> None:
     tokenizer = llm.get_tokenizer()
     comma = tokenizer.encode(",")[0]
 
+    show_json_answer(llm, SamplingParams)
+    show_refusal(llm, SamplingParams)
+
     sampled = dict(temperature=1.0, seed=0, max_tokens=16)
     greedy = dict(temperature=0.0, max_tokens=16)
     penalties = Options(presence_penalty=2.0, repetition_penalty=1.5, penalty_last_n=8)
@@ -47,7 +54,7 @@ def main(model: str | None = None) -> None:
         ("greedy, no options", greedy, None),
         ("greedy, presence 2 + repetition 1.5 over the last 8 tokens", greedy, penalties),
     ]  # fmt: skip
-    print("\n== constrained demo: 16 tokens per prompt ==")
+    print("\n== 3. sampling controls: 16 tokens per prompt ==")
     for label, base, options in runs:
         extra = options.to_extra_args() if options else None
         params = SamplingParams(**base, extra_args=extra)
@@ -63,3 +70,39 @@ def main(model: str | None = None) -> None:
         " most likely one, so sampling becomes greedy; this random model's greedy output repeats"
         " itself, and the windowed penalties stop any token from recurring within 8 tokens."
     )
+
+
+class Person(BaseModel):
+    """The demo's schema: a pydantic model (a JSON-schema dict or text works too)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=150)
+    languages: list[Literal["en", "fr", "de", "zh"]] = Field(max_length=3)
+
+
+def show_json_answer(llm: Any, sampling_params: Any) -> None:
+    """The main job: an answer that parses and validates, from a model that writes noise."""
+    print("\n== 1. a JSON answer constrained by a schema (pydantic model Person) ==")
+    params = sampling_params(
+        temperature=1.0, seed=0, max_tokens=200,
+        extra_args=Options(json_schema=Person).to_extra_args(),
+    )  # fmt: skip
+    out = llm.generate(["A person, as JSON:"], params, use_tqdm=False)[0].outputs[0]
+    print(f"   text: {out.text}")
+    print(f"   finish_reason: {out.finish_reason}")
+    if out.finish_reason == "stop":
+        print(f"   Person.model_validate_json(text) -> {Person.model_validate_json(out.text)!r}")
+
+
+def show_refusal(llm: Any, sampling_params: Any) -> None:
+    """A bad option is refused with an error naming it, and the engine keeps serving."""
+    print("\n== 2. a bad option is refused, naming the field; the engine keeps serving ==")
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        llm.generate(["Hi"], sampling_params(extra_args={"min_pp": 0.1}), use_tqdm=False)
+    except VLLMValidationError as exc:  # vLLM's wrapper; the cause is our OptionError
+        print(f"   {type(exc).__name__}: {str(exc.__cause__ or exc)[:100]}...")
+    again = llm.generate(["Hi"], sampling_params(max_tokens=4), use_tqdm=False)[0].outputs[0]
+    print(f"   next request served: {again.text!r}")
