@@ -138,6 +138,11 @@ class DevicePenaltyCounts:
             | (table["presence"][slots] != 0)
         )
         self.counts.catch_up(slots, penalized, table["window"][slots], table["unit"][slots])
+        # A request commits at most as many tokens in a step as it has rows (1 + drafts), so
+        # the next catch-up covers this step's widest request even without a speculative
+        # config (drafts without a speculator); a host-side bound, no sync.
+        widest = rows.count - len(ctx.idx_mapping_np) + 1
+        self.counts.max_new_per_step = max(self.counts.max_new_per_step, widest)
         return apply_packed_penalties(
             logits,
             ctx.expanded_idx_mapping,
