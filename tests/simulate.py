@@ -49,21 +49,6 @@ class FakeReqStates(SimpleNamespace):
             total_len=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.int32)),
         )
 
-    def admit(self, slot: int, prompt: list[int], output: list[int]) -> None:
-        """What the runner writes for a new (or resumed) request before our add_request."""
-        tokens = prompt + output
-        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
-        self.prompt_len.np[slot] = len(prompt)
-        self.prefill_len.np[slot] = len(tokens)
-        self.total_len.gpu[slot] = len(tokens)
-
-    def commit(self, slot: int, tokens: list[int]) -> None:
-        """Tokens sampled (and accepted) this step, committed after apply."""
-        total = int(self.total_len.gpu[slot])
-        end = total + len(tokens)
-        self.all_token_ids.gpu[slot, total:end] = torch.tensor(tokens, dtype=torch.int32)
-        self.total_len.gpu[slot] = end
-
 
 def fake_req_states(max_num_reqs: int, vocab_size: int) -> FakeReqStates:
     return FakeReqStates(max_num_reqs, vocab_size)

@@ -124,7 +124,8 @@ class DevicePenaltyCounts:
         return {"unit": prompt_unit(options), "window": options.penalty_last_n or 0}
 
     def add(self, slot: int, options: Options, tokens: None) -> None:
-        self.counts.add(slot, options.penalty_last_n or 0, prompt_unit(options))
+        values = self.slot_values(options)
+        self.counts.add(slot, values["window"], values["unit"])
 
     def stage(self) -> None:
         self.counts.stage()
