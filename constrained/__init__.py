@@ -10,11 +10,16 @@ from constrained.options import OptionError, Options
 
 __version__ = "0.1.0"
 
-# In application order: pre-temperature processors first, then min-p (post-temperature on V1).
+# In application order (vLLM applies custom processors in list order): bias and penalties,
+# then the grammar mask, then the truncation samplers in llama.cpp's order (they see only
+# tokens the grammar allows), then min-p (after temperature on V1).
 LOGITS_PROCESSORS: list[str] = [
     "constrained.processors.logit_bias:LogitBiasProcessor",
     "constrained.processors.penalties:PenaltiesProcessor",
     "constrained.processors.grammar_mask:GrammarMaskProcessor",
+    "constrained.processors.top_n_sigma:TopNSigmaProcessor",
+    "constrained.processors.typical_p:TypicalPProcessor",
+    "constrained.processors.xtc:XtcProcessor",
     "constrained.processors.min_p:MinPProcessor",
 ]
 

@@ -40,6 +40,22 @@ GrammarBackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # from the 
 Whitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE_LIMIT = 16
 GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")
+# llama.cpp's default DRY sequence breakers.
+DRY_DEFAULT_BREAKERS = ("\n", ":", '"', "*")
+MAX_DRY_BREAKERS = 32
+MAX_DRY_BREAKER_CHARS = 64
+XTC_MAX_THRESHOLD = 0.5  # above it at most one token can qualify, so XTC would do nothing
+MAX_NGRAM_SIZE = 64
+# An option that does nothing without another one: refused alone, never silently ignored.
+REQUIRES = {
+    "dry_base": "dry_multiplier",
+    "dry_allowed_length": "dry_multiplier",
+    "dry_penalty_last_n": "dry_multiplier",
+    "dry_sequence_breakers": "dry_multiplier",
+    "xtc_threshold": "xtc_probability",
+    "ngram_window": "no_repeat_ngram_size",
+    "ngram_whitelist": "no_repeat_ngram_size",
+}
 JSON_ONLY_FIELDS = ("whitespace", "max_whitespace", "disable_additional_properties")
 Number = Annotated[StrictFloat | StrictInt, Field()]
 
@@ -85,6 +101,24 @@ class Options(BaseModel):
             ``flexible``: up to ``max_whitespace`` spaces, tabs or newlines after each ``,``
             and ``:``.
         max_whitespace: JSON with ``whitespace="flexible"`` only, in [0, 16], default 2.
+        dry_multiplier: >= 0 (0 = off); DRY ("don't repeat yourself", as llama.cpp): a token
+            that would extend a repeat of ``n >= dry_allowed_length`` tokens gets
+            ``logit -= dry_multiplier * dry_base ** (n - dry_allowed_length)``.
+        dry_base: >= 1, default 1.75. dry_allowed_length: >= 1, default 2.
+        dry_penalty_last_n: -1 (default) the whole sequence, 0 off, n > 0 the last n tokens.
+        dry_sequence_breakers: strings that end a repeat, default llama.cpp's
+            ``["\\n", ":", "\"", "*"]``.
+        xtc_probability: in [0, 1]; XTC ("exclude top choices"): with this probability per
+            step, every token with ``p >= xtc_threshold`` except the least likely of them is
+            removed (when at least two qualify).
+        xtc_threshold: in [0, 0.5], default 0.1.
+        top_n_sigma: > 0; keep tokens with ``logit >= max - top_n_sigma * std`` (std of the
+            finite logits).
+        typical_p: in (0, 1]; locally typical sampling: keep the tokens closest to the
+            distribution's entropy until their mass exceeds ``typical_p``.
+        no_repeat_ngram_size: >= 1; a token that would complete an n-gram already in the
+            window is banned. ngram_window: >= 1, only the last tokens (default: all).
+        ngram_whitelist: token ids never banned.
         disable_additional_properties: JSON only. ``True``: objects whose schema says nothing
             about extra keys get none (as vLLM's option of that name and xgrammar's strict
             mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
@@ -107,6 +141,18 @@ class Options(BaseModel):
     whitespace: Whitespace | None = None
     max_whitespace: StrictInt | None = None
     disable_additional_properties: StrictBool | None = None
+    dry_multiplier: Number | None = None
+    dry_base: Number | None = None
+    dry_allowed_length: StrictInt | None = None
+    dry_penalty_last_n: StrictInt | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_probability: Number | None = None
+    xtc_threshold: Number | None = None
+    top_n_sigma: Number | None = None
+    typical_p: Number | None = None
+    no_repeat_ngram_size: StrictInt | None = None
+    ngram_window: StrictInt | None = None
+    ngram_whitelist: list[StrictInt] | None = None
 
     @field_validator("json_schema", mode="before")
     @classmethod
@@ -190,6 +236,111 @@ class Options(BaseModel):
             raise ValueError(f"must be in [0, {MAX_PENALTY_WINDOW}] (0 = no window), got {value}")
         return value
 
+    @field_validator("dry_multiplier")
+    @classmethod
+    def _check_dry_multiplier(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if value < 0:
+            raise ValueError(f"must be >= 0 (0 = off), got {value}")
+        return value
+
+    @field_validator("dry_base")
+    @classmethod
+    def _check_dry_base(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
+
+    @field_validator("dry_allowed_length")
+    @classmethod
+    def _check_dry_allowed_length(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_PENALTY_WINDOW:
+            raise ValueError(f"must be in [1, {MAX_PENALTY_WINDOW}], got {value}")
+        return value
+
+    @field_validator("dry_penalty_last_n")
+    @classmethod
+    def _check_dry_window(cls, value: int | None) -> int | None:
+        if value is not None and value < -1:
+            raise ValueError(f"must be -1 (whole sequence), 0 (off) or a window > 0, got {value}")
+        return value
+
+    @field_validator("dry_sequence_breakers")
+    @classmethod
+    def _check_dry_breakers(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_DRY_BREAKERS:
+            raise ValueError(f"at most {MAX_DRY_BREAKERS} breakers, got {len(value)}")
+        for breaker in value:
+            if not breaker or len(breaker) > MAX_DRY_BREAKER_CHARS:
+                raise ValueError(
+                    f"each breaker must be 1 to {MAX_DRY_BREAKER_CHARS} characters, got {breaker!r}"
+                )
+        return value
+
+    @field_validator("xtc_probability")
+    @classmethod
+    def _check_xtc_probability(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {value}")
+        return value
+
+    @field_validator("xtc_threshold")
+    @classmethod
+    def _check_xtc_threshold(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if not 0.0 <= value <= XTC_MAX_THRESHOLD:
+            raise ValueError(
+                f"must be in [0, {XTC_MAX_THRESHOLD}], got {value} (above {XTC_MAX_THRESHOLD} "
+                "at most one token can reach it, so XTC would never remove anything)"
+            )
+        return value
+
+    @field_validator("top_n_sigma")
+    @classmethod
+    def _check_top_n_sigma(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if value <= 0:
+            raise ValueError(f"must be > 0 (omit it to turn top-n-sigma off), got {value}")
+        return value
+
+    @field_validator("typical_p")
+    @classmethod
+    def _check_typical_p(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        value = _finite(value)
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"must be in (0, 1] (1 = off), got {value}")
+        return value
+
+    @field_validator("no_repeat_ngram_size")
+    @classmethod
+    def _check_ngram_size(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_NGRAM_SIZE:
+            raise ValueError(f"must be in [1, {MAX_NGRAM_SIZE}], got {value}")
+        return value
+
+    @field_validator("ngram_window")
+    @classmethod
+    def _check_ngram_window(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_PENALTY_WINDOW:
+            raise ValueError(f"must be in [1, {MAX_PENALTY_WINDOW}], got {value}")
+        return value
+
     # ---- construction ------------------------------------------------------------------
 
     @classmethod
@@ -213,6 +364,7 @@ class Options(BaseModel):
         except ValidationError as exc:
             raise _option_error(exc) from None
         options.check_grammar_options()
+        options.check_requirements()
         if logits_width is not None:
             options.check_token_ids(logits_width)
         return options if options.is_active() else None
@@ -238,6 +390,12 @@ class Options(BaseModel):
         if self.max_whitespace is not None and self.whitespace != "flexible":
             raise OptionError("max_whitespace", 'needs whitespace="flexible"')
 
+    def check_requirements(self) -> None:
+        """Refuse an option given without the option it modifies (it would do nothing)."""
+        for name, needs in REQUIRES.items():
+            if getattr(self, name) is not None and getattr(self, needs) is None:
+                raise OptionError(name, f"has no effect without {needs}")
+
     def constraint(self) -> tuple[str, str] | None:
         """``(field, source)`` of the request's json_schema, regex or grammar, if any."""
         for name in GRAMMAR_FIELDS:
@@ -254,6 +412,12 @@ class Options(BaseModel):
                     "logit_bias",
                     f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
                 )
+        for token_id in self.ngram_whitelist or ():
+            if not 0 <= token_id < logits_width:
+                raise OptionError(
+                    "ngram_whitelist",
+                    f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
+                )
 
     def is_active(self) -> bool:
         """True when some option would change the logits."""
@@ -262,7 +426,15 @@ class Options(BaseModel):
             or bool(self.min_p)
             or self.has_penalties()
             or self.constraint() is not None
+            or self.has_dry()
+            or bool(self.xtc_probability)
+            or self.top_n_sigma is not None
+            or (self.typical_p is not None and self.typical_p < 1.0)
+            or self.no_repeat_ngram_size is not None
         )
+
+    def has_dry(self) -> bool:
+        return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0
 
     def has_penalties(self) -> bool:
         return (

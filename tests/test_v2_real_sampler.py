@@ -76,6 +76,18 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "prefix_hits": 8,
         "multi_token_commits": 15,
     },
+    "truncation_samplers": {
+        "sampler_rows": 280,
+        "sampler_draft_rows": 120,
+        "sampler_placeholder_rows": 12,
+        "sampler_resumed_rows": 60,
+        "rows_truncated": 190,
+        "xtc_rows_applied": 5,
+        "plain_rows": 120,
+        "multi_call_steps": 9,
+        "recycled_slots": 20,
+        "resumed": 8,
+    },
 }
 
 
@@ -144,3 +156,11 @@ def test_penalty_placeholders() -> None:
     """Rows of a step that starts inside the prefill get -1 placeholder drafts from vLLM:
     penalised rows must not count token ``vocab - 1`` for them (twins and windows)."""
     check_counts("penalty_placeholders")
+
+
+def test_truncation_samplers() -> None:
+    """Top-n-sigma, typical-p and XTC rows keep exactly the reference's tokens (XTC's draw at
+    the row's own position), over draft and placeholder rows, chunked prefill, resumed and
+    recycled slots and chunked calls; plain and greedy rows untouched; no host reads."""
+    counts = check_counts("truncation_samplers")
+    assert counts["host_fetches"] == 0, counts

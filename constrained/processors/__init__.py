@@ -4,5 +4,16 @@ from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.logit_bias import LogitBiasProcessor
 from constrained.processors.min_p import MinPProcessor
 from constrained.processors.penalties import PenaltiesProcessor
+from constrained.processors.top_n_sigma import TopNSigmaProcessor
+from constrained.processors.typical_p import TypicalPProcessor
+from constrained.processors.xtc import XtcProcessor
 
-__all__ = ["GrammarMaskProcessor", "LogitBiasProcessor", "MinPProcessor", "PenaltiesProcessor"]
+__all__ = [
+    "GrammarMaskProcessor",
+    "LogitBiasProcessor",
+    "MinPProcessor",
+    "PenaltiesProcessor",
+    "TopNSigmaProcessor",
+    "TypicalPProcessor",
+    "XtcProcessor",
+]

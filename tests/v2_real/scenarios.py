@@ -592,6 +592,120 @@ def grammar_masks() -> dict:
     return stats
 
 
+# ---- 3. truncation samplers (top-n-sigma, typical-p, XTC) --------------------------------
+
+
+@scenario
+def truncation_samplers() -> dict:
+    """Every row of a request using top-n-sigma / typical-p / XTC keeps exactly the reference's
+    tokens (tokens at a float boundary aside), with its values then divided by temperature;
+    XTC's draw keyed on the row's position; plain and greedy rows untouched. Drafts,
+    placeholders, chunked prefill, resumed requests, recycled slots, several calls per step."""
+    from tests.test_truncation_samplers import random_params, reference, request_seed
+
+    from constrained.processors.xtc import XtcProcessor
+
+    rng = random.Random(3)
+    torch.manual_seed(3)
+    capacity, num_spec, vocab = 10, 2, 2048
+    started = time.monotonic()
+    config = harness.make_vllm_config(capacity, num_spec, 256, 512)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=vocab,
+        num_spec=num_spec,
+        max_model_len=256,
+        max_num_batched_tokens=512,
+    )
+    xtc = next(p for p in runner.custom if isinstance(p, XtcProcessor))
+    stats = {
+        "setup_seconds": round(time.monotonic() - started, 1),
+        "sampler_rows": 0,
+        "sampler_draft_rows": 0,
+        "sampler_placeholder_rows": 0,
+        "sampler_resumed_rows": 0,
+        "rows_truncated": 0,
+        "xtc_rows_applied": 0,
+        "plain_rows": 0,
+    }
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+    for step_no in range(50):
+        for req in list(reqs):
+            ended = len(req.output) >= 20
+            if ended or rng.random() < 0.06:
+                runner.finish(req)
+                reqs.remove(req)
+                if not ended and req.output:
+                    parked.append(req)
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        for _ in range(rng.randint(0, 3)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            params = random_params(rng) if rng.random() < 0.8 else SamplingParams(temperature=1.0)
+            req = Req(f"t{next_id}", params, random_tokens(rng, rng.randint(2, 30), vocab))
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id in fresh or rng.random() < 0.9:
+                drafts = random_tokens(rng, rng.choice([0, 1, num_spec]), vocab)
+                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, vocab) * rng.choice([0.5, 2.0, 4.0])
+        for r in range(step.num_rows):
+            logits[r, torch.randint(vocab, (rng.randint(0, 4),))] += 6.0
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        for row in step.rows:
+            req, raw = row.req, logits[row.index]
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            extra = req.params.extra_args
+            if not extra:
+                check(bits_equal(processed[row.index], raw), f"{at}: plain row changed")
+                stats["plain_rows"] += 1
+                continue
+            seed = request_seed(req.params, xtc, req.slot)
+            expected, near = reference(raw, req.params, seed, row.pos + 1)
+            got = processed[row.index]
+            differ = torch.isfinite(got) != torch.isfinite(expected)
+            check(
+                not bool((differ & ~near).any()),
+                f"{at} {extra}: kept set differs from the reference at "
+                f"{(differ & ~near).nonzero().flatten()[:5].tolist()}",
+            )
+            kept = torch.isfinite(got)
+            check(bool(kept.any()), f"{at}: nothing left to sample")
+            want = divided(raw, req.params.temperature)
+            check(bits_equal(got[kept], want[kept]), f"{at}: kept values changed")
+            stats["sampler_rows"] += 1
+            stats["sampler_draft_rows"] += row.local > 0 and not row.placeholder
+            stats["sampler_placeholder_rows"] += row.placeholder
+            stats["sampler_resumed_rows"] += req.prefill_len > len(req.prompt)
+            stats["rows_truncated"] += bool((~kept).any())
+            stats["xtc_rows_applied"] += bool(
+                extra.get("xtc_probability")
+                and req.params.temperature > 0
+                and (torch.isfinite(expected) != torch.isfinite(raw)).any()
+                and "top_n_sigma" not in extra
+                and "typical_p" not in extra
+            )
+        runner.commit(step, sample_step(step, processed, rng))
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SCENARIOS:
         print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")

@@ -1,0 +1,140 @@
+"""The shared wiring of samplers that keep an interval of each row's logits.
+
+Top-n-sigma, typical-p and XTC each compute, per row, the logits ``[low, high]`` to keep
+(``functional.top_n_sigma_bounds`` / ``typical_bounds`` / ``xtc_bounds``) and remove the
+rest. ``TruncationProcessor`` holds what they share: one float column per request, greedy
+requests left alone (as vLLM leaves them alone for ``top_p`` / ``min_p``), and how the mask
+is applied, decided once when the processor is built:
+
+- ``HostRowsMask`` (Model Runner V1 on CPU): the active rows are known on the host, so the
+  bounds are computed 4 rows at a time (blocks that stay in cache instead of [rows, vocab]
+  temporaries) and applied with one vectorized ``threshold_`` per row and side.
+- ``TensorMask`` (V2, or any accelerator): bounds for every row at once (neutral for rows
+  that do not use the sampler) and one ``masked_fill_`` per side: no host values, no sync.
+
+All three run before temperature in both runners, like llama.cpp (declared not
+argmax-invariant, so V1 runs them with the other pre-temperature processors, in
+registration order, after the grammar mask: they never see a token the grammar forbids).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from constrained.options import Options
+from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.functional import mask_outside, mask_outside_rows
+from constrained.processors.runners import Rows, V1Layout
+from constrained.processors.slots import Column
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+
+# vLLM treats temperatures below this as greedy (vllm.sampling_params._SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+Bounds = tuple[torch.Tensor | None, torch.Tensor | None]
+
+
+class TruncationProcessor(DualInterfaceProcessor):
+    """A sampler that keeps an interval of each row's logits; subclasses give the bounds.
+
+    Subclasses set ``OPTIONS``, ``PARAM`` (the option whose value is stored per slot) and
+    ``NEUTRAL`` (its value in a slot that does not use the sampler), and implement
+    ``bounds``.
+    """
+
+    PARAM: ClassVar[str]
+    NEUTRAL: ClassVar[float]
+    ROWS_PER_BLOCK = 4  # HostRowsMask: 4 x 151,936 float32 = 2.4 MB, cache-sized
+
+    def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
+        super().__init__(vllm_config, *runner_args)
+        on_host = isinstance(self.layout, V1Layout) and self.layout.device.type == "cpu"
+        self.mask = HostRowsMask(self) if on_host else TensorMask(self)
+
+    def columns(self) -> dict[str, Column]:
+        return {self.PARAM: Column(torch.float32, self.NEUTRAL)}
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # runs before temperature in V1 too, in registration order
+
+    def fill_slot(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> bool:
+        value = self.value_of(options)
+        if value is None or params.temperature < GREEDY_TEMPERATURE:
+            return False
+        extra = self.more_values(slot, options, params, tokens)
+        self.slots.write(slot, **{self.PARAM: value}, **extra)
+        return True
+
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        return self.mask.apply(logits, rows)
+
+    # ---- what a subclass provides ------------------------------------------------------
+
+    @abstractmethod
+    def value_of(self, options: Options) -> float | None:
+        """The request's value of ``PARAM``, or ``None`` when the sampler is off for it."""
+
+    def more_values(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> dict:
+        """Other columns to write for a new request (none by default)."""
+        return {}
+
+    @abstractmethod
+    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
+        """Per-row ``(low, high)`` for ``logits``' rows, from each row's column values."""
+
+    def row_params(self, rows: Rows) -> dict[str, torch.Tensor]:
+        """Per-row device values of every column for this call's rows."""
+        return {name: self.slots.gather(name, rows) for name in self.slots.columns}
+
+    def host_rows(self, rows: Rows, active: np.ndarray) -> np.ndarray:
+        """V1 on CPU: of the active rows, those to edit this step (all, by default)."""
+        return active
+
+
+class TensorMask:
+    """Every row at once, neutral bounds for rows that do not use the sampler; no host reads."""
+
+    def __init__(self, processor: TruncationProcessor) -> None:
+        self.processor = processor
+
+    def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        low, high = self.processor.bounds(logits, self.processor.row_params(rows))
+        return mask_outside(logits, low, high)
+
+
+class HostRowsMask:
+    """Model Runner V1 on CPU: only the rows that use the sampler, a few at a time."""
+
+    def __init__(self, processor: TruncationProcessor) -> None:
+        self.processor = processor
+
+    def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        processor = self.processor
+        active = np.flatnonzero(processor.slots.active[: rows.count])
+        selected = processor.host_rows(rows, active)
+        if selected.size == 0:
+            return logits
+        params = processor.row_params(rows)
+        step = processor.ROWS_PER_BLOCK
+        for start in range(0, selected.size, step):
+            block = selected[start : start + step].tolist()
+            index = torch.tensor(block, dtype=torch.long)
+            low, high = processor.bounds(
+                logits.index_select(0, index), {k: v[index] for k, v in params.items()}
+            )
+            mask_outside_rows(
+                logits,
+                block,
+                None if low is None else low.tolist(),
+                None if high is None else high.tolist(),
+            )
+        return logits

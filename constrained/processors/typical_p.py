@@ -1,0 +1,34 @@
+"""``typical_p``: locally typical sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from constrained.options import Options
+from constrained.processors.functional import typical_bounds
+from constrained.processors.truncation import Bounds, TruncationProcessor
+
+
+class TypicalPProcessor(TruncationProcessor):
+    """Locally typical sampling (Meister et al., 2022; llama.cpp's ``typical_p``).
+
+    With ``p = softmax(l)`` and entropy ``H``, tokens are ranked by ``|-log p - H|`` and the
+    most typical are kept until their probability exceeds ``typical_p``; the rest are
+    removed. Runs before temperature (on the logits as they stand), as llama.cpp runs it.
+    Greedy requests are left alone; ``typical_p = 1`` is off.
+
+    Example::
+
+        SamplingParams(temperature=1.0, extra_args={"typical_p": 0.9})
+    """
+
+    OPTIONS = frozenset({"typical_p"})
+    PARAM = "typical_p"
+    NEUTRAL = 1.0
+
+    def value_of(self, options: Options) -> float | None:
+        value = options.typical_p
+        return None if value is None or value >= 1.0 else value
+
+    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
+        return typical_bounds(logits, params["typical_p"])
