@@ -7,6 +7,8 @@ Model Runner V1 (row = batch index) and V2 (row = logits row, mapped from a requ
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Padding for unused bias slots: x + (-0.0) == x for every float x, -0.0 and inf included,
@@ -193,26 +195,42 @@ POS_INF = float("inf")
 
 
 def finite_mean_std(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and population standard deviation of each row's finite logits.
+    """Mean and population standard deviation of each row's finite logits (two passes).
 
-    Masked tokens (``-inf``) are left out, as llama.cpp's top-n-sigma does. Sums are taken in
-    float64 (``E[x^2] - E[x]^2``), so the cancellation of the one-pass formula is harmless.
+    Masked tokens (``-inf``) are left out, as llama.cpp's top-n-sigma does.
 
     Args:
         logits: [rows, vocab] float32.
 
     Returns:
-        ``(mean, std)``, each [rows] float64 (``nan`` for a row with no finite logit).
+        ``(mean, std)``, each [rows] float32 (``nan`` for a row with no finite logit).
     """
     finite = logits > NEG_INF
     count = finite.sum(-1)
-    values = logits.where(finite, 0.0)
-    mean = values.sum(-1, dtype=torch.float64) / count
-    square = torch.linalg.vector_norm(values, dim=-1, dtype=torch.float64).square_() / count
-    return mean, (square - mean * mean).clamp_(min=0).sqrt_()
+    mean = logits.where(finite, 0.0).sum(-1) / count
+    deviation = (logits - mean.unsqueeze(1)).where(finite, 0.0)
+    return mean, torch.linalg.vector_norm(deviation, dim=-1) / count.sqrt()
 
 
-def top_n_sigma_bounds(logits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, None]:
+def mean_std_on_host(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``finite_mean_std`` for CPU tensors: unmasked rows (the usual case) skip the mask.
+
+    Reads on the host which rows hold a ``-inf``; only those take the masked path.
+    """
+    width = logits.shape[1]
+    mean = logits.sum(-1) / width
+    masked = ~torch.isfinite(mean)
+    if bool(masked.any()):
+        mean[masked] = 0.0  # keeps the deviations below finite; fixed up after
+    std = torch.linalg.vector_norm(logits - mean.unsqueeze(1), dim=-1) / math.sqrt(width)
+    if bool(masked.any()):
+        mean[masked], std[masked] = finite_mean_std(logits[masked])
+    return mean, std
+
+
+def top_n_sigma_bounds(
+    logits: torch.Tensor, n: torch.Tensor, mean_std=finite_mean_std
+) -> tuple[torch.Tensor, None]:
     """Top-n-sigma (Tang et al., 2024): keep ``l >= max(l) - n * std(l)``.
 
     ``std`` is the population standard deviation of the row's finite logits. The rule is
@@ -222,6 +240,7 @@ def top_n_sigma_bounds(logits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Ten
     Args:
         logits: [rows, vocab] float32.
         n: [rows] float32, ``> 0``; ``inf`` leaves the row whole.
+        mean_std: ``finite_mean_std``, or ``mean_std_on_host`` for CPU tensors.
 
     Returns:
         ``(low, None)``: [rows] float32 lower bounds (no upper bound).
@@ -231,9 +250,9 @@ def top_n_sigma_bounds(logits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Ten
         >>> top_n_sigma_bounds(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.0]))[0]
         tensor([1.8820])
     """
-    _, std = finite_mean_std(logits)
-    low = logits.amax(-1).double() - n.double() * std
-    return low.nan_to_num_(nan=NEG_INF).float(), None
+    _, std = mean_std(logits)
+    low = logits.amax(-1) - n * std  # inf * 0 (one finite logit) is nan: keep the row
+    return low.nan_to_num_(nan=NEG_INF), None
 
 
 # Relative widening of typical-p's bounds (8 float32 ulps), so rounding never drops a kept token.

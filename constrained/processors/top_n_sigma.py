@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 
 from constrained.options import Options
-from constrained.processors.functional import top_n_sigma_bounds
+from constrained.processors.functional import (
+    finite_mean_std,
+    mean_std_on_host,
+    top_n_sigma_bounds,
+)
 from constrained.processors.truncation import Bounds, TruncationProcessor
 
 
@@ -28,5 +32,8 @@ class TopNSigmaProcessor(TruncationProcessor):
     def value_of(self, options: Options) -> float | None:
         return options.top_n_sigma
 
-    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
-        return top_n_sigma_bounds(logits, params["top_n_sigma"])
+    def bounds(
+        self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
+    ) -> Bounds:
+        mean_std = mean_std_on_host if on_host else finite_mean_std
+        return top_n_sigma_bounds(logits, params["top_n_sigma"], mean_std)

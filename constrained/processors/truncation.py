@@ -88,8 +88,12 @@ class TruncationProcessor(DualInterfaceProcessor):
         return {}
 
     @abstractmethod
-    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
-        """Per-row ``(low, high)`` for ``logits``' rows, from each row's column values."""
+    def bounds(
+        self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
+    ) -> Bounds:
+        """Per-row ``(low, high)`` for ``logits``' rows, from each row's column values.
+
+        ``on_host``: the logits are a CPU block whose values may be read on the host."""
 
     def row_params(self, rows: Rows) -> dict[str, torch.Tensor]:
         """Per-row device values of every column for this call's rows."""
@@ -107,7 +111,7 @@ class TensorMask:
         self.processor = processor
 
     def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-        low, high = self.processor.bounds(logits, self.processor.row_params(rows))
+        low, high = self.processor.bounds(logits, self.processor.row_params(rows), False)
         return mask_outside(logits, low, high)
 
 
@@ -129,7 +133,7 @@ class HostRowsMask:
             block = selected[start : start + step].tolist()
             index = torch.tensor(block, dtype=torch.long)
             low, high = processor.bounds(
-                logits.index_select(0, index), {k: v[index] for k, v in params.items()}
+                logits.index_select(0, index), {k: v[index] for k, v in params.items()}, True
             )
             mask_outside_rows(
                 logits,

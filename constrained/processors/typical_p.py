@@ -30,5 +30,7 @@ class TypicalPProcessor(TruncationProcessor):
         value = options.typical_p
         return None if value is None or value >= 1.0 else value
 
-    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
+    def bounds(
+        self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
+    ) -> Bounds:
         return typical_bounds(logits, params["typical_p"])

@@ -108,7 +108,9 @@ class XtcProcessor(TruncationProcessor):
         positions[active] = self._positions(active.tolist())
         return torch.from_numpy(positions).to(self.layout.device, non_blocking=True)
 
-    def bounds(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> Bounds:
+    def bounds(
+        self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
+    ) -> Bounds:
         return xtc_bounds(logits, params["xtc_threshold"], params["apply"])
 
 
