@@ -27,7 +27,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
-from constrained.processors.functional import mask_outside, mask_outside_rows
+from constrained.processors.functional import Scratch, mask_outside, mask_outside_rows
 from constrained.processors.runners import Rows, V1Layout
 from constrained.processors.slots import Column
 
@@ -55,6 +55,7 @@ class TruncationProcessor(DualInterfaceProcessor):
         super().__init__(vllm_config, *runner_args)
         on_host = isinstance(self.layout, V1Layout) and self.layout.device.type == "cpu"
         self.mask = HostRowsMask(self) if on_host else TensorMask(self)
+        self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
 
     def columns(self) -> dict[str, Column]:
         return {self.PARAM: Column(torch.float32, self.NEUTRAL)}

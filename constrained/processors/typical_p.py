@@ -33,4 +33,5 @@ class TypicalPProcessor(TruncationProcessor):
     def bounds(
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
-        return typical_bounds(logits, params["typical_p"])
+        scratch = self.scratch if on_host else None
+        return typical_bounds(logits, params["typical_p"], scratch=scratch)
