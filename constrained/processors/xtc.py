@@ -10,7 +10,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import Tokens
-from constrained.processors.functional import uniform_hash, xtc_bounds
+from constrained.processors.functional import uniform_hash, xtc_bounds, xtc_bounds_on_host
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation import Bounds, TruncationProcessor
@@ -111,6 +111,8 @@ class XtcProcessor(TruncationProcessor):
     def bounds(
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
+        if on_host:  # HostRowsMask passes only the rows whose draw applies this step
+            return xtc_bounds_on_host(logits, params["xtc_threshold"], self.scratch)
         return xtc_bounds(logits, params["xtc_threshold"], params["apply"])
 
 
