@@ -61,6 +61,10 @@ def test_our_options_match_the_servers_builtin_ones(client):
         ({"logit_bias": '{"999999999": 1}'}, "logit_bias"),
         ({"logit_bias": '{"5": "strong"}'}, "logit_bias"),
         ({"min_pp": 0.1}, "min_pp"),
+        ({"top_n_sigma": 0}, "top_n_sigma"),
+        ({"typical_p": 1.5}, "typical_p"),
+        ({"xtc_probability": 0.5, "xtc_threshold": 0.7}, "xtc_threshold"),
+        ({"xtc_threshold": 0.1}, "xtc_threshold"),
     ],
 )
 def test_bad_options_get_400_naming_the_field_then_good_requests_succeed(client, xargs, field):
@@ -69,6 +73,18 @@ def test_bad_options_get_400_naming_the_field_then_good_requests_succeed(client,
     assert info.value.status_code == 400
     assert f"'{field}'" in str(info.value)
     assert complete(client, {"min_p": 0.1}).choices[0].text is not None
+
+
+def test_samplers_in_vllm_xargs(client):
+    """XTC over HTTP: A, B, C all qualify, so every step leaves C (see test_samplers_engine)."""
+    bias = json.dumps({"11": 30.0, "12": 28.0, "13": 26.0})
+    xargs = {"logit_bias": bias, "xtc_probability": 1.0, "xtc_threshold": 0.001}
+    out = complete(client, xargs, max_tokens=6, temperature=0.05)
+    assert out.choices[0].text == "." * 6
+    plain = complete(client, {"logit_bias": bias}, max_tokens=6, temperature=0.05)
+    assert plain.choices[0].text == "," * 6
+    both = {"top_n_sigma": 1.5, "typical_p": 0.9, "xtc_probability": 0.3}
+    assert complete(client, both, max_tokens=6).choices[0].text is not None
 
 
 def test_builtin_twin_is_refused_over_http(server):
