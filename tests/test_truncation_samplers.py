@@ -13,9 +13,9 @@ from vllm import SamplingParams
 
 from constrained import Options
 from constrained.options import OptionError
-from constrained.processors.functional import typical_bounds, uniform_hash
 from constrained.processors.top_n_sigma import TopNSigmaProcessor
 from constrained.processors.truncation import HostRowsMask, TensorMask
+from constrained.processors.truncation_math import typical_bounds, uniform_hash
 from constrained.processors.typical_p import TypicalPProcessor
 from constrained.processors.xtc import XtcProcessor, _seed32
 from tests.simulate import Request, V1Batch, fake_vllm_config

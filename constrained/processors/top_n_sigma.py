@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from constrained.options import Options
-from constrained.processors.functional import (
+from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_math import (
     finite_mean_std,
     mean_std_on_host,
     top_n_sigma_bounds,
 )
-from constrained.processors.truncation import Bounds, TruncationProcessor
 
 
 class TopNSigmaProcessor(TruncationProcessor):

@@ -27,9 +27,9 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
-from constrained.processors.functional import Scratch, mask_outside, mask_outside_rows
 from constrained.processors.runners import Rows, V1Layout
 from constrained.processors.slots import Column
+from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams

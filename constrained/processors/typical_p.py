@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from constrained.options import Options
-from constrained.processors.functional import typical_bounds
 from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_math import typical_bounds
 
 
 class TypicalPProcessor(TruncationProcessor):

@@ -10,10 +10,10 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import Tokens
-from constrained.processors.functional import uniform_hash, xtc_bounds, xtc_bounds_on_host
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_math import uniform_hash, xtc_bounds, xtc_bounds_on_host
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams

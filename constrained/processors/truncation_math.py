@@ -1,0 +1,312 @@
+"""The math of the truncation samplers (top-n-sigma, typical-p, XTC): pure tensor functions.
+
+Each sampler computes, per row, the interval ``[low, high]`` of logits it keeps (``-inf`` /
+``+inf`` when a side is open): ``top_n_sigma_bounds``, ``typical_bounds``, ``xtc_bounds``.
+``mask_outside`` (tensor form, for accelerators and Model Runner V2) and
+``mask_outside_rows`` (host form, for CPU) then set every logit outside it to ``-inf``.
+Splitting "which bounds" from "mask" lets each runner pick the faster mask without touching
+the math. No vLLM, no state; the wiring is ``processors/truncation.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+class Scratch:
+    """Reusable work buffers, one per name, grown to the largest block seen.
+
+    On CPU, every fresh [rows, vocab] temporary costs page faults (glibc returns large freed
+    blocks to the OS), which made typical-p's histogram search 2-3x slower than its
+    arithmetic; a processor keeps one ``Scratch`` for its host-side blocks. ``Scratch.none()``
+    allocates each time (accelerators have a caching allocator).
+    """
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def none(cls) -> Scratch:
+        return cls(keep=False)
+
+    def like(self, name: str, ref: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A buffer shaped like ``ref`` (``dtype`` default ``ref``'s), contents undefined."""
+        dtype = dtype or ref.dtype
+        if not self.keep:
+            return torch.empty(ref.shape, dtype=dtype, device=ref.device)
+        buf = self.buffers.get(name)
+        rows, cols = ref.shape
+        if buf is None or buf.dtype != dtype or buf.shape[0] < rows or buf.shape[1] != cols:
+            buf = self.buffers[name] = torch.empty(
+                max(rows, 0 if buf is None else buf.shape[0]), cols, dtype=dtype, device=ref.device
+            )
+        return buf[:rows]
+
+
+def finite_mean_std(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population standard deviation of each row's finite logits (two passes).
+
+    Masked tokens (``-inf``) are left out, as llama.cpp's top-n-sigma does.
+
+    Args:
+        logits: [rows, vocab] float32.
+
+    Returns:
+        ``(mean, std)``, each [rows] float32 (``nan`` for a row with no finite logit).
+    """
+    finite = logits > NEG_INF
+    count = finite.sum(-1)
+    mean = logits.where(finite, 0.0).sum(-1) / count
+    deviation = (logits - mean.unsqueeze(1)).where(finite, 0.0)
+    return mean, torch.linalg.vector_norm(deviation, dim=-1) / count.sqrt()
+
+
+def mean_std_on_host(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``finite_mean_std`` for CPU tensors: unmasked rows (the usual case) skip the mask.
+
+    Reads on the host which rows hold a ``-inf``; only those take the masked path.
+    """
+    width = logits.shape[1]
+    mean = logits.sum(-1) / width
+    masked = ~torch.isfinite(mean)
+    if bool(masked.any()):
+        mean[masked] = 0.0  # keeps the deviations below finite; fixed up after
+    std = torch.linalg.vector_norm(logits - mean.unsqueeze(1), dim=-1) / math.sqrt(width)
+    if bool(masked.any()):
+        mean[masked], std[masked] = finite_mean_std(logits[masked])
+    return mean, std
+
+
+def top_n_sigma_bounds(
+    logits: torch.Tensor, n: torch.Tensor, mean_std=finite_mean_std
+) -> tuple[torch.Tensor, None]:
+    """Top-n-sigma (Tang et al., 2024): keep ``l >= max(l) - n * std(l)``.
+
+    ``std`` is the population standard deviation of the row's finite logits. The rule is
+    invariant to temperature (both sides scale by ``1 / T``), so it keeps the same tokens
+    before or after vLLM divides by temperature.
+
+    Args:
+        logits: [rows, vocab] float32.
+        n: [rows] float32, ``> 0``; ``inf`` leaves the row whole.
+        mean_std: ``finite_mean_std``, or ``mean_std_on_host`` for CPU tensors.
+
+    Returns:
+        ``(low, None)``: [rows] float32 lower bounds (no upper bound).
+
+    Example::
+
+        >>> top_n_sigma_bounds(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.0]))[0]
+        tensor([1.8820])
+    """
+    _, std = mean_std(logits)
+    low = logits.amax(-1) - n * std  # inf * 0 (one finite logit) is nan: keep the row
+    return low.nan_to_num_(nan=NEG_INF), None
+
+
+# Relative widening of typical-p's bounds (8 float32 ulps), so rounding never drops a kept token.
+TYPICAL_MARGIN = 8 * 2.0**-23
+# exp(x) is 0 in float32 below this: tokens further below the top logit carry no mass.
+FLOAT32_UNDERFLOW = 104.0
+
+
+def typical_bounds(
+    logits: torch.Tensor,
+    mass: torch.Tensor,
+    levels: int = 2,
+    bins: int = 4096,
+    scratch: Scratch | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Locally typical sampling (Meister et al., 2022), as llama.cpp's ``typical`` sampler.
+
+    With ``p = softmax(l)`` and entropy ``H = -sum(p * log p)``, tokens are ranked by
+    ``d = |-log p - H|`` and kept, most typical first, until their probability first exceeds
+    ``mass``. Since ``-log p = lse - l``, ``d = |l - c|`` with ``c = lse - H = sum(p * l)``,
+    the expected logit: the kept set is the logit interval ``[c - s, c + s]`` for the
+    smallest ``s`` whose interval holds more than ``mass``. ``s`` is found without sorting
+    the vocabulary: ``levels`` rounds of a ``bins``-bucket histogram of ``d`` weighted by
+    ``p``, each refining the bucket where the running mass crosses ``mass`` (2 x 4096
+    buckets: ``2**-24`` of the row's range of ``d``). The bounds are widened by 8 float32
+    ulps so rounding never drops a kept token: tokens that close to the boundary are kept
+    together, like ties.
+
+    Args:
+        logits: [rows, vocab] float32.
+        mass: [rows] float32 in (0, 1]; ``>= 1`` leaves the row whole.
+        scratch: reusable [rows, vocab] buffers (see ``Scratch``); ``None`` allocates.
+
+    Returns:
+        ``(low, high)``: [rows] float32 bounds of the kept logits.
+
+    Example::
+
+        >>> low, high = typical_bounds(torch.tensor([[2.0, 1.0, 0.0, -4.0]]), torch.tensor([0.5]))
+        >>> bool(low <= 2.0 <= high), bool(low <= 1.0 <= high)  # p = 0.66, 0.24, 0.09, 0.002
+        (True, False)
+    """
+    work = scratch or Scratch.none()
+    top = logits.amax(-1, keepdim=True)
+    shifted = torch.sub(logits, top, out=work.like("shifted", logits))
+    weight = torch.exp(shifted, out=work.like("weight", logits))  # p * Z; masked: 0
+    shifted.clamp_(min=-FLOAT32_UNDERFLOW)  # so 0 * shifted is 0, never nan
+    total = weight.sum(-1, keepdim=True)
+    centre = torch.linalg.vecdot(weight, shifted).unsqueeze(1) / total  # c - top, <= 0
+    width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
+    distance = shifted.sub_(centre).abs_()
+    target = mass.unsqueeze(1).double() * total.double()
+    start = torch.zeros_like(centre)  # the bucket where the mass crosses starts here ...
+    below = torch.zeros_like(target)  # ... after this much mass (float64: 150k-term sums)
+    scaled = work.like("scaled", logits)
+    bucket = work.like("bucket", logits, torch.int64)
+    candidates = weight
+    for level in range(levels):
+        step = width / bins
+        torch.sub(distance, start, out=scaled).div_(step).clamp_(0, bins - 1)
+        bucket.copy_(scaled)  # truncation = floor: scaled >= 0
+        hist = weight.new_zeros(logits.shape[0], bins)
+        cumulative = hist.scatter_add_(1, bucket, candidates).double().cumsum_(-1)
+        crossing = ((below + cumulative) <= target).sum(-1, keepdim=True).clamp_(max=bins - 1)
+        below += cumulative.gather(1, (crossing - 1).clamp_(min=0)) * (crossing > 0)
+        start = start + crossing * step
+        width = step
+        if level + 1 < levels:  # the next level sorts only the crossing bucket's tokens
+            in_bucket = torch.eq(bucket, crossing, out=work.like("in_bucket", logits, torch.bool))
+            candidates = torch.mul(weight, in_bucket, out=work.like("candidates", logits))
+    radius = (start + width).squeeze(1).double()  # the last crossing bucket is kept whole
+    centre = (top + centre).squeeze(1).double()
+    radius += TYPICAL_MARGIN * (centre.abs() + radius + 1.0)
+    off = mass >= 1
+    low = torch.where(off, NEG_INF, centre - radius)
+    high = torch.where(off, POS_INF, centre + radius)
+    return low.float(), high.float()
+
+
+def xtc_bounds(
+    logits: torch.Tensor, threshold: torch.Tensor, apply: torch.Tensor
+) -> tuple[None, torch.Tensor]:
+    """XTC, "exclude top choices" (as llama.cpp's ``xtc`` sampler).
+
+    In a row where ``apply`` is set, every token with ``p >= threshold`` (``p = softmax(l)``)
+    except the least likely of them is removed: when two or more qualify the distribution
+    loses its top choices, leaving the least likely qualifying token as the new top. In
+    logits, ``p >= threshold`` is ``l >= lse + log(threshold)``; the kept tokens are those
+    with ``l <= m``, ``m`` the smallest qualifying logit (tokens tied at ``m`` all stay).
+    Masked tokens (``-inf``) never qualify.
+
+    Args:
+        logits: [rows, vocab] float32.
+        threshold: [rows] float32 in [0, 0.5].
+        apply: [rows] bool, this step's draw (``u < xtc_probability``).
+
+    Returns:
+        ``(None, high)``: [rows] float32 upper bounds (``inf``: row untouched).
+
+    Example::
+
+        >>> logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+        >>> xtc_bounds(logits, torch.tensor([0.1]), torch.tensor([True]))[1].exp()
+        tensor([0.1500])
+    """
+    cut = torch.logsumexp(logits, dim=-1) + threshold.log()
+    cut = cut.clamp_(min=torch.finfo(logits.dtype).min).unsqueeze(1)  # -inf never qualifies
+    least = logits.where(logits >= cut, POS_INF).amin(-1)
+    return None, torch.where(apply, least, POS_INF)
+
+
+def xtc_bounds_on_host(
+    logits: torch.Tensor, threshold: torch.Tensor, scratch: Scratch
+) -> tuple[None, torch.Tensor]:
+    """``xtc_bounds`` for a CPU block whose rows all apply XTC this step: the same bounds,
+    with reused buffers and one vectorized ``threshold_`` per row instead of a masked min."""
+    top = logits.amax(-1, keepdim=True)
+    shifted = torch.sub(logits, top, out=scratch.like("weight", logits))
+    weight = shifted.exp_()
+    lse = top.squeeze(1) + weight.sum(-1).log()
+    cut = (lse + threshold.log()).clamp_(min=torch.finfo(logits.dtype).min)
+    qualifying = scratch.like("qualifying", logits).copy_(logits)
+    for row, bound in zip(qualifying, _just_below(cut.tolist()), strict=True):
+        torch.nn.functional.threshold_(row, bound, POS_INF)  # below the cut: +inf
+    return None, qualifying.amin(-1)
+
+
+def mask_outside(
+    logits: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | None
+) -> torch.Tensor:
+    """Set ``logits[r, t] = -inf`` where ``logits[r, t] < low[r]`` or ``> high[r]``.
+
+    The tensor form (one op per side, no host values): for accelerators and Model Runner V2.
+    """
+    if low is not None:
+        logits.masked_fill_(logits < low.unsqueeze(1), NEG_INF)
+    if high is not None:
+        logits.masked_fill_(logits > high.unsqueeze(1), NEG_INF)
+    return logits
+
+
+def mask_outside_rows(
+    logits: torch.Tensor,
+    rows: list[int],
+    low: list[float] | None,
+    high: list[float] | None,
+) -> torch.Tensor:
+    """``mask_outside`` for host-known rows and bounds: one ``threshold_`` per row and side.
+
+    On CPU, ``masked_fill_`` over a [64, 151,936] float32 block takes ~14 ms on this
+    project's 2-core machine; ``torch.nn.functional.threshold_`` (a vectorized unary op) does
+    a row in ~0.03 ms. ``threshold_`` keeps ``x > t``, so ``t`` is the float32 just below the
+    bound (``x >= low`` exactly); the upper side runs on the negated row (negation is exact).
+
+    Args:
+        logits: [rows, vocab] float32 on the CPU.
+        rows: the rows to edit; ``low`` / ``high`` give each one's bounds (float32 values).
+    """
+    below = _just_below(low) if low is not None else None
+    above = _just_below([-value for value in high]) if high is not None else None
+    for i, row_index in enumerate(rows):
+        row = logits[row_index]
+        if below is not None and below[i] != NEG_INF:
+            torch.nn.functional.threshold_(row, below[i], NEG_INF)
+        if above is not None and above[i] != NEG_INF:
+            row.neg_()
+            torch.nn.functional.threshold_(row, above[i], POS_INF)  # -inf once negated back
+            row.neg_()
+    return logits
+
+
+def _just_below(values: list[float]) -> list[float]:
+    """The float32 just below each value (``-inf`` stays ``-inf``; ``nan`` becomes ``-inf``)."""
+    bounds = torch.tensor(values, dtype=torch.float32).nan_to_num_(nan=NEG_INF)
+    return torch.nextafter(bounds, torch.tensor(NEG_INF)).tolist()
+
+
+def uniform_hash(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """A uniform draw in [0, 1) from ``(seed, position)``: a counter-based generator.
+
+    The same request seed and output position give the same draw in any batch, after
+    preemption, under either model runner and on every rank; different positions give
+    independent-looking draws (a 32-bit integer hash, applied twice, of the seed mixed with
+    the position). vLLM's own V2 sampler keys its randomness on ``(seed, position)`` too.
+
+    Args:
+        seed: [rows] int64 in [0, 2**32).
+        position: [rows] int64, the position of the token being sampled, in [0, 2**31).
+
+    Returns:
+        [rows] float64.
+    """
+    x = (_mix32(seed) ^ (position * 0x2545F491)) & 0xFFFFFFFF
+    return _mix32(x).double() / 4294967296.0
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # 32-bit integer hash (constants from Wellons' hash-prospector); int64 products stay
+    # below 2**59, so no step overflows.
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
