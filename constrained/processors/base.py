@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
 
+# vLLM treats temperatures below this as greedy (vllm.sampling_params._SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
 # V1's (prompt_ids, output_ids) for an added request; None under V2.
 Tokens = tuple[Sequence[int], list[int]] | None
 

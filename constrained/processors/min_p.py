@@ -8,16 +8,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from constrained.options import Options
-from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcessor, Tokens
 from constrained.processors.functional import apply_min_p
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
-
-# vLLM treats temperatures below this as greedy (vllm.sampling_params._SAMPLING_EPS).
-GREEDY_TEMPERATURE = 1e-5
 
 
 class MinPProcessor(DualInterfaceProcessor):

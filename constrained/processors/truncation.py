@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from constrained.options import Options
-from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcessor, Tokens
 from constrained.processors.runners import Rows, V1Layout
 from constrained.processors.slots import Column
 from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
@@ -34,8 +34,6 @@ from constrained.processors.truncation_math import Scratch, mask_outside, mask_o
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
-# vLLM treats temperatures below this as greedy (vllm.sampling_params._SAMPLING_EPS).
-GREEDY_TEMPERATURE = 1e-5
 Bounds = tuple[torch.Tensor | None, torch.Tensor | None]
 
 
