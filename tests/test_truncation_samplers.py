@@ -198,33 +198,33 @@ def test_v1_random_batches_match_reference(seed: int, strategy: type) -> None:
     assert checked > 3000 and masked > 10_000
 
 
-def test_mask_strategies_agree_on_a_full_vocabulary() -> None:
-    """Vocabulary-sized rows (the histogram search of typical-p at scale); both strategies."""
-    rng = random.Random(5)
+def test_typical_p_on_a_full_vocabulary_matches_the_sorting_reference() -> None:
+    """Vocabulary-sized rows, both strategies (the tensor histogram search, the host search
+    that sorts the crossing bucket) against the float64 reference that sorts everything."""
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    torch.manual_seed(5)
     vocab = 151_936
-    cfg = fake_vllm_config(8, vocab)
-    logits = torch.randn(8, vocab) * 2
+    masses = [0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999]
+    cfg = fake_vllm_config(len(masses), vocab)
+    logits = torch.randn(len(masses), vocab) * 2
     logits[:, :50] += torch.linspace(8, 2, 50)
     logits[3, ::3] = -math.inf
-    results = []
+    added = [
+        (i, SamplingParams(temperature=1.0, extra_args={"typical_p": p}), [1], [])
+        for i, p in enumerate(masses)
+    ]
     for strategy in (HostRowsMask, TensorMask):
         proc = TypicalPProcessor(cfg, torch.device("cpu"), False)
         proc.mask = strategy(proc)
-        from vllm.v1.sample.logits_processor.interface import BatchUpdate
-
-        added = [
-            (i, SamplingParams(temperature=1.0, extra_args={"typical_p": p}), [1], [])
-            for i, p in enumerate([0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999])
-        ]
-        proc.update_state(BatchUpdate(batch_size=8, removed=[], added=added, moved=[]))
-        results.append(proc.apply(logits.clone()))
-    assert torch.equal(results[0].view(torch.int32), results[1].view(torch.int32))
-    for i, p in enumerate([0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999]):
-        kept, margin = typical_reference(logits[i].double().tolist(), p)
-        got = set((results[0][i] > -math.inf).nonzero().flatten().tolist())
-        differ = kept ^ got
-        assert all(abs(margin[t]) < NEAR for t in differ), (i, len(differ))
-    del rng
+        proc.update_state(BatchUpdate(batch_size=len(masses), removed=[], added=added, moved=[]))
+        result = proc.apply(logits.clone())
+        for i, p in enumerate(masses):
+            kept, margin = typical_reference(logits[i].double().tolist(), p)
+            got = set((result[i] > -math.inf).nonzero().flatten().tolist())
+            differ = kept ^ got
+            assert all(abs(margin[t]) < NEAR for t in differ), (strategy, p, len(differ))
+            assert len(kept) > 10 or differ == set(), (strategy, p)
 
 
 def test_typical_bounds_keep_the_most_typical_token_even_alone() -> None:

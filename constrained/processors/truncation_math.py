@@ -310,3 +310,39 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
     x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
     return x ^ (x >> 16)
+
+
+def typical_bounds_on_host(
+    logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, bins: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``typical_bounds`` for a CPU block, exact: one histogram level, then the crossing
+    bucket's few tokens sorted (host reads are free on CPU). Ties at the boundary stay."""
+    top = logits.amax(-1, keepdim=True)
+    shifted = torch.sub(logits, top, out=scratch.like("shifted", logits))
+    weight = torch.exp(shifted, out=scratch.like("weight", logits))
+    shifted.clamp_(min=-FLOAT32_UNDERFLOW)
+    total = weight.sum(-1, keepdim=True)
+    centre = torch.linalg.vecdot(weight, shifted).unsqueeze(1) / total
+    width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
+    distance = shifted.sub_(centre).abs_()
+    scale = bins / width
+    scaled = torch.mul(distance, scale, out=scratch.like("scaled", logits)).clamp_(max=bins - 1)
+    bucket = scratch.like("bucket", logits, torch.int64).copy_(scaled)
+    hist = weight.new_zeros(logits.shape[0], bins).scatter_add_(1, bucket, weight)
+    cumulative = hist.double().cumsum_(-1)
+    target = mass.unsqueeze(1).double() * total.double()
+    crossing = (cumulative <= target).sum(-1, keepdim=True).clamp_(max=bins - 1)
+    below = (cumulative.gather(1, (crossing - 1).clamp_(min=0)) * (crossing > 0)).squeeze(1)
+    radius = torch.empty(logits.shape[0], dtype=torch.float64)
+    for row in range(logits.shape[0]):
+        members = (bucket[row] == crossing[row]).nonzero().squeeze(1)
+        d, order = distance[row, members].sort(stable=True)
+        running = float(below[row]) + weight[row, members[order]].double().cumsum(0)
+        first = int((running <= float(target[row])).sum().clamp(max=d.numel() - 1))
+        radius[row] = float(d[first]) if d.numel() else float(width[row]) / bins
+    centre = (top + centre).squeeze(1).double()
+    radius += TYPICAL_MARGIN * (centre.abs() + radius + 1.0)
+    off = mass >= 1
+    low = torch.where(off, NEG_INF, centre - radius)
+    high = torch.where(off, POS_INF, centre + radius)
+    return low.float(), high.float()

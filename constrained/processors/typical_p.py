@@ -6,7 +6,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.truncation import Bounds, TruncationProcessor
-from constrained.processors.truncation_math import typical_bounds
+from constrained.processors.truncation_math import typical_bounds, typical_bounds_on_host
 
 
 class TypicalPProcessor(TruncationProcessor):
@@ -33,5 +33,6 @@ class TypicalPProcessor(TruncationProcessor):
     def bounds(
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
-        scratch = self.scratch if on_host else None
-        return typical_bounds(logits, params["typical_p"], scratch=scratch)
+        if on_host:
+            return typical_bounds_on_host(logits, params["typical_p"], self.scratch)
+        return typical_bounds(logits, params["typical_p"])
