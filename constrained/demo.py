@@ -1,5 +1,5 @@
-"""``python -m constrained demo``: a schema-constrained JSON answer, a refused bad request, then
-generation with and without our sampling options.
+"""``python -m constrained demo``: a schema-constrained JSON answer, a refused bad request,
+generation with and without our sampling options, then the samplers vLLM lacks.
 
 Runs on the embedded tiny model (random weights, so the text is noise: what matters is what
 the options do to it).
@@ -70,6 +70,7 @@ def main(model: str | None = None) -> None:
         " most likely one, so sampling becomes greedy; this random model's greedy output repeats"
         " itself, and the windowed penalties stop any token from recurring within 8 tokens."
     )
+    show_samplers(llm, SamplingParams, tokenizer)
 
 
 class Person(BaseModel):
@@ -106,3 +107,34 @@ def show_refusal(llm: Any, sampling_params: Any) -> None:
         print(f"   {type(exc).__name__}: {str(exc.__cause__ or exc)[:100]}...")
     again = llm.generate(["Hi"], sampling_params(max_tokens=4), use_tqdm=False)[0].outputs[0]
     print(f"   next request served: {again.text!r}")
+
+
+def show_samplers(llm: Any, sampling_params: Any, tokenizer: Any) -> None:
+    """The samplers from llama.cpp that vLLM lacks, on the same random model."""
+    print("\n== 4. samplers vLLM lacks ==")
+    a, b, c = (tokenizer.encode(t)[0] for t in (",", "-", "."))
+    bias = {a: 30.0, b: 28.0, c: 26.0}
+    runs = [
+        ("bias makes ',' > '-' > '.' the top three (T = 0.05)", Options(logit_bias=bias)),
+        ("same + XTC p=1, threshold 0.001: the top choices above '.' are removed",
+         Options(logit_bias=bias, xtc_probability=1.0, xtc_threshold=0.001)),
+        ("same + XTC p=0.5: removed on about half the steps (seeded: reproducible)",
+         Options(logit_bias=bias, xtc_probability=0.5, xtc_threshold=0.001)),
+    ]  # fmt: skip
+    for label, options in runs:
+        params = sampling_params(
+            temperature=0.05, seed=3, max_tokens=16, extra_args=options.to_extra_args()
+        )
+        out = llm.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0]
+        print(f"\n-- {label}\n   {out.text!r}")
+    sigma_runs = [
+        ("bias ',' +10 at T = 1", Options(logit_bias={a: 10.0})),
+        ("same + top_n_sigma 1: only tokens near the top remain",
+         Options(logit_bias={a: 10.0}, top_n_sigma=1.0)),
+    ]  # fmt: skip
+    for label, options in sigma_runs:
+        params = sampling_params(
+            temperature=1.0, seed=3, max_tokens=16, extra_args=options.to_extra_args()
+        )
+        out = llm.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0]
+        print(f"\n-- {label}\n   {out.text!r}")
