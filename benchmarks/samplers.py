@@ -8,8 +8,9 @@ Two parts, one process, run one after the other (never at the same time):
    ``update_state(None)`` + ``apply(logits)`` is timed. Median ms per step, per B.
 2. ``e2e``: one real engine (CPU build, tiny Qwen2 model, our processors registered), B prompts
    x ``--tokens`` tokens (``ignore_eos``), temperature 1 and a seed per request, for ``none``
-   (no options), each sampler alone, and all of them together; configurations interleaved,
-   the median of ``--repeats`` kept. Reported as output tokens/s and the ratio to ``none``.
+   (no options), each sampler alone, all of them together, and vLLM's own ``top_p=0.9`` for
+   scale; configurations interleaved, the median of ``--repeats`` kept. Reported as output
+   tokens/s and the ratio to ``none``.
 
 Writes ``samplers.json`` and ``samplers.png`` under ``--out``.
 
@@ -54,6 +55,8 @@ OPTIONAL_SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"no_repeat_ngram_size": 3, "ngram_window": 1024},
     ),
 }  # fmt: skip
+# vLLM's own truncation sampler at the same point, for scale (a SamplingParams field).
+BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {"vllm_top_p": {"top_p": 0.9}}
 VOCAB = 151_936
 PROMPT_LEN = 32
 
@@ -132,9 +135,10 @@ def engine_throughput(configs: dict[str, dict], batches: list[int], tokens: int,
 
     def run(config: str, prompts: list[str], max_tokens: int) -> float:
         extra = configs[config] or None
+        builtin = BUILTIN_CONFIGS.get(config, {})
         params = [
             SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=max_tokens,
-                           ignore_eos=True, extra_args=extra)
+                           ignore_eos=True, extra_args=extra, **builtin)
             for i in range(len(prompts))
         ]  # fmt: skip
         start = time.perf_counter()
@@ -226,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for point in step:
         print(f"step {point['sampler']:16s} batch {point['batch']:4d}: "
               f"{point['ms_median']:8.2f} ms", file=sys.stderr)  # fmt: skip
-    configs = {"none": {}, **chosen, "all": {k: v for o in chosen.values() for k, v in o.items()}}
+    everything = {k: v for options in chosen.values() for k, v in options.items()}
+    configs = {"none": {}, **chosen, "all": everything, "vllm_top_p": {}}
     e2e = engine_throughput(configs, args.e2e_batches, args.tokens, args.repeats)
     report = {
         "benchmark": "samplers",
