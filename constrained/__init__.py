@@ -11,12 +11,14 @@ from constrained.options import OptionError, Options
 __version__ = "0.1.0"
 
 # In application order (vLLM applies custom processors in list order): bias and penalties,
-# then the grammar mask, then the truncation samplers in llama.cpp's order (they see only
-# tokens the grammar allows), then min-p (after temperature on V1).
+# then the grammar mask, then the bans and truncation samplers in llama.cpp's order (they see
+# only tokens the grammar allows, and never remove the last of them), then min-p (after
+# temperature on V1).
 LOGITS_PROCESSORS: list[str] = [
     "constrained.processors.logit_bias:LogitBiasProcessor",
     "constrained.processors.penalties:PenaltiesProcessor",
     "constrained.processors.grammar_mask:GrammarMaskProcessor",
+    "constrained.processors.no_repeat_ngram:NoRepeatNGramProcessor",
     "constrained.processors.top_n_sigma:TopNSigmaProcessor",
     "constrained.processors.typical_p:TypicalPProcessor",
     "constrained.processors.xtc:XtcProcessor",

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from constrained.options import OptionError, Options
+from constrained.options import VLLM_OCR_ALIASES, OptionError, Options
 from constrained.settings import settings
 
 # How far up the stack vLLM's InputProcessor sits above ``validate_params`` (4 in vLLM 0.32).
@@ -220,7 +220,9 @@ def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
     if allowed is None:  # "*": any key
         return
     for key in extra_args:
-        if key in Options.model_fields or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
+        if key in Options.model_fields or key in VLLM_OCR_ALIASES:
+            continue
+        if key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
             continue
         hint = difflib.get_close_matches(str(key), list(Options.model_fields), n=1, cutoff=0.6)
         did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""

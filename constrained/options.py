@@ -46,6 +46,14 @@ MAX_DRY_BREAKERS = 32
 MAX_DRY_BREAKER_CHARS = 64
 XTC_MAX_THRESHOLD = 0.5  # above it at most one token can qualify, so XTC would do nothing
 MAX_NGRAM_SIZE = 64
+# vLLM's DeepSeek-OCR ``NGramPerReqLogitsProcessor`` names for our no-repeat-ngram options:
+# accepted, so a request written for that processor works unchanged.
+VLLM_OCR_ALIASES = {
+    "ngram_size": "no_repeat_ngram_size",
+    "window_size": "ngram_window",
+    "whitelist_token_ids": "ngram_whitelist",
+}
+VLLM_OCR_DEFAULT_WINDOW = 100  # that processor's window_size when a request omits it
 # An option that does nothing without another one: refused alone, never silently ignored.
 REQUIRES = {
     "dry_base": "dry_multiplier",
@@ -65,6 +73,7 @@ class OptionError(ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.reason = message
         super().__init__(f"constrained: invalid option '{field}': {message}")
 
 
@@ -357,16 +366,22 @@ class Options(BaseModel):
         if not extra_args:
             return None
         ours = {k: v for k, v in extra_args.items() if k in cls.model_fields}
+        aliased = _resolve_aliases(extra_args, ours)
         if not ours:
             return None
         try:
-            options = cls.model_validate(ours)
-        except ValidationError as exc:
-            raise _option_error(exc) from None
-        options.check_grammar_options()
-        options.check_requirements()
-        if logits_width is not None:
-            options.check_token_ids(logits_width)
+            try:
+                options = cls.model_validate(ours)
+            except ValidationError as exc:
+                raise _option_error(exc) from None
+            options.check_grammar_options()
+            options.check_requirements()
+            if logits_width is not None:
+                options.check_token_ids(logits_width)
+        except OptionError as error:
+            if error.field in aliased:  # name the key the request used
+                raise OptionError(aliased[error.field], error.reason) from None
+            raise
         return options if options.is_active() else None
 
     def check_grammar_options(self) -> None:
@@ -453,6 +468,26 @@ class Options(BaseModel):
         if "logit_bias" in out:
             out["logit_bias"] = json.dumps({str(k): v for k, v in out["logit_bias"].items()})
         return out
+
+
+def _resolve_aliases(extra_args: Mapping[str, Any], ours: dict[str, Any]) -> dict[str, str]:
+    """Move vLLM's DeepSeek-OCR option names onto ours (in ``ours``); return field -> alias.
+
+    A request written for that processor gets its default window (100 tokens) too."""
+    aliased: dict[str, str] = {}
+    for alias, name in VLLM_OCR_ALIASES.items():
+        if alias not in extra_args:
+            continue
+        if name in extra_args:
+            raise OptionError(alias, f"is vLLM's DeepSeek-OCR name for '{name}': give only one")
+        value = extra_args[alias]
+        if alias == "whitelist_token_ids" and isinstance(value, set | frozenset | tuple):
+            value = sorted(value)
+        ours[name] = value
+        aliased[name] = alias
+    if "ngram_size" in extra_args and "ngram_window" not in ours:
+        ours["ngram_window"] = VLLM_OCR_DEFAULT_WINDOW
+    return aliased
 
 
 def _token_id(key: Any) -> int:

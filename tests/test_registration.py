@@ -28,6 +28,7 @@ REQUESTS = {
     },
     "constrained.processors.grammar_mask:GrammarMaskProcessor": {"regex": "[0-9]{3}"},
     "constrained.processors.min_p:MinPProcessor": {"min_p": 0.1},
+    "constrained.processors.no_repeat_ngram:NoRepeatNGramProcessor": {"no_repeat_ngram_size": 3},
     "constrained.processors.top_n_sigma:TopNSigmaProcessor": {"top_n_sigma": 1.0},
     "constrained.processors.typical_p:TypicalPProcessor": {"typical_p": 0.9},
     "constrained.processors.xtc:XtcProcessor": {"xtc_probability": 0.5, "xtc_threshold": 0.2},

@@ -4,6 +4,7 @@ against references in ``test_truncation_samplers.py`` and ``tests/v2_real/``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -115,3 +116,19 @@ def test_bad_sampler_values_are_refused_and_the_engine_keeps_serving(llm, extra,
     with pytest.raises((ValueError, VLLMValidationError), match=f"'{field}'"):
         llm.generate("hi", SamplingParams(max_tokens=2, extra_args=extra), use_tqdm=False)
     assert generate(llm, None, temperature=0.0, max_tokens=2)
+
+
+def test_no_repeat_ngram_leaves_no_repeated_bigram(llm):
+    """The tiny model's greedy output repeats itself; with no_repeat_ngram_size=2 no bigram
+    occurs twice."""
+
+    def bigrams(ids: list[int]) -> list[tuple[int, int]]:
+        return list(itertools.pairwise(ids))
+
+    plain = generate(llm, None, temperature=0.0, max_tokens=48)
+    assert any(len(set(bigrams(ids))) < len(bigrams(ids)) for ids in plain)
+    banned = generate(llm, {"no_repeat_ngram_size": 2}, temperature=0.0, max_tokens=48)
+    for ids in banned:
+        assert len(set(bigrams(ids))) == len(bigrams(ids)), ids
+    ocr_names = generate(llm, {"ngram_size": 2, "window_size": 100}, temperature=0.0, max_tokens=48)
+    assert ocr_names == banned  # vLLM's DeepSeek-OCR option names, same result

@@ -88,6 +88,17 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "recycled_slots": 20,
         "resumed": 8,
     },
+    "ngram_sampler": {
+        "ngram_rows": 380,
+        "ngram_rows_banning": 120,
+        "ngram_draft_rows_banning": 100,
+        "ngram_placeholder_rows": 20,
+        "ngram_resumed_rows": 150,
+        "plain_rows": 30,
+        "multi_call_steps": 7,
+        "recycled_slots": 14,
+        "resumed": 9,
+    },
 }
 
 
@@ -163,4 +174,12 @@ def test_truncation_samplers() -> None:
     the row's own position), over draft and placeholder rows, chunked prefill, resumed and
     recycled slots and chunked calls; plain and greedy rows untouched; no host reads."""
     counts = check_counts("truncation_samplers")
+    assert counts["host_fetches"] == 0, counts
+
+
+def test_ngram_sampler() -> None:
+    """``no_repeat_ngram_size`` rows ban exactly the reference's tokens for the output each row
+    sees (committed tokens, then the drafts before it), with windows and whitelists, over
+    draft and placeholder rows, resumed and recycled slots and chunked calls; no host reads."""
+    counts = check_counts("ngram_sampler")
     assert counts["host_fetches"] == 0, counts

@@ -3,6 +3,7 @@
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.logit_bias import LogitBiasProcessor
 from constrained.processors.min_p import MinPProcessor
+from constrained.processors.no_repeat_ngram import NoRepeatNGramProcessor
 from constrained.processors.penalties import PenaltiesProcessor
 from constrained.processors.top_n_sigma import TopNSigmaProcessor
 from constrained.processors.typical_p import TypicalPProcessor
@@ -12,6 +13,7 @@ __all__ = [
     "GrammarMaskProcessor",
     "LogitBiasProcessor",
     "MinPProcessor",
+    "NoRepeatNGramProcessor",
     "PenaltiesProcessor",
     "TopNSigmaProcessor",
     "TypicalPProcessor",

@@ -43,6 +43,11 @@ class SlotTable:
         self.host: dict[str, torch.Tensor] = {
             name: self._empty(col) for name, col in columns.items()
         }
+        # numpy views of the one-value-per-slot host columns (same memory): host reads that
+        # are not torch calls, so a step may consult them without touching any tensor.
+        self.host_values: dict[str, np.ndarray] = {
+            name: table.numpy() for name, table in self.host.items() if columns[name].width is None
+        }
         self.active = np.zeros(capacity, dtype=bool)
         # Host-only per-slot objects (e.g. a request's token history), moved with their rows.
         self.payload: list[Any] = [None] * capacity

@@ -706,6 +706,122 @@ def truncation_samplers() -> dict:
     return stats
 
 
+# ---- 4. no-repeat-ngram ------------------------------------------------------------------
+
+
+@scenario
+def ngram_sampler() -> dict:
+    """Every row of a request with ``no_repeat_ngram_size`` bans exactly the reference's tokens
+    for the output it sees (committed tokens, then the drafts before it; -1 placeholders are
+    no tokens); plain rows untouched. Small vocabulary, drafts drawn from the request's own
+    tokens, so n-grams repeat."""
+    from tests.test_no_repeat_ngram import banned_reference
+
+    rng = random.Random(9)
+    torch.manual_seed(9)
+    capacity, num_spec, vocab = 10, 3, 64
+    started = time.monotonic()
+    config = harness.make_vllm_config(capacity, num_spec, 256, 512)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=vocab,
+        num_spec=num_spec,
+        max_model_len=256,
+        max_num_batched_tokens=512,
+    )
+    stats = {
+        "setup_seconds": round(time.monotonic() - started, 1),
+        "ngram_rows": 0,
+        "ngram_rows_banning": 0,
+        "ngram_draft_rows_banning": 0,
+        "ngram_placeholder_rows": 0,
+        "ngram_resumed_rows": 0,
+        "plain_rows": 0,
+    }
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+    for step_no in range(50):
+        for req in list(reqs):
+            ended = len(req.output) >= 40
+            if ended or rng.random() < 0.05:
+                runner.finish(req)
+                reqs.remove(req)
+                if not ended and req.output:
+                    parked.append(req)
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        for _ in range(rng.randint(0, 2)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            extra: dict | None = None
+            if rng.random() < 0.8:
+                extra = {"no_repeat_ngram_size": rng.choice([1, 2, 3, 4])}
+                if rng.random() < 0.5:
+                    extra["ngram_window"] = rng.choice([2, 6, 16])
+                if rng.random() < 0.3:
+                    extra["ngram_whitelist"] = rng.sample(range(vocab), 3)
+            params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
+            req = Req(f"g{next_id}", params, random_tokens(rng, rng.randint(2, 20), vocab))
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id in fresh or rng.random() < 0.9:
+                pool = req.output[-6:] or req.prompt
+                drafts = [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
+                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, vocab)
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        for row in step.rows:
+            req, raw = row.req, logits[row.index]
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            extra = req.params.extra_args
+            got = processed[row.index]
+            if not extra:
+                check(bits_equal(got, raw), f"{at}: plain row changed")
+                stats["plain_rows"] += 1
+                continue
+            seen = row.seen_output()
+            if row.placeholder:  # -1 placeholder drafts: positions holding no token
+                first = row.pos - row.local
+                seen = req.tokens[len(req.prompt) : first + 1] + [-1] * row.local
+            want = banned_reference(
+                seen,
+                extra["no_repeat_ngram_size"],
+                extra.get("ngram_window"),
+                set(extra.get("ngram_whitelist") or ()),
+            )
+            want = {t for t in want if t >= 0}  # a placeholder matches nothing
+            masked = set((~torch.isfinite(got)).nonzero().flatten().tolist())
+            check(masked == want, f"{at} {extra}: banned {sorted(masked)}, expected "
+                  f"{sorted(want)} after output {seen}")  # fmt: skip
+            kept = torch.isfinite(got)
+            check(
+                bits_equal(got[kept], divided(raw, req.params.temperature)[kept]),
+                f"{at}: kept values changed",
+            )
+            stats["ngram_rows"] += 1
+            stats["ngram_rows_banning"] += bool(want)
+            stats["ngram_draft_rows_banning"] += bool(want) and row.local > 0
+            stats["ngram_placeholder_rows"] += row.placeholder
+            stats["ngram_resumed_rows"] += req.prefill_len > len(req.prompt)
+        runner.commit(step, sample_step(step, processed, rng))
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SCENARIOS:
         print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")
