@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 LOGITS_PROCESSORS: list[str] = [
     "constrained.processors.logit_bias:LogitBiasProcessor",
     "constrained.processors.penalties:PenaltiesProcessor",
+    "constrained.processors.dry:DryProcessor",
     "constrained.processors.grammar_mask:GrammarMaskProcessor",
     "constrained.processors.no_repeat_ngram:NoRepeatNGramProcessor",
     "constrained.processors.top_n_sigma:TopNSigmaProcessor",

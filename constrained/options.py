@@ -43,7 +43,6 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")
 # llama.cpp's default DRY sequence breakers.
 DRY_DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 MAX_DRY_BREAKERS = 32
-MAX_DRY_BREAKER_CHARS = 64
 XTC_MAX_THRESHOLD = 0.5  # above it at most one token can qualify, so XTC would do nothing
 MAX_NGRAM_SIZE = 64
 # vLLM's DeepSeek-OCR ``NGramPerReqLogitsProcessor`` names for our no-repeat-ngram options:
@@ -287,9 +286,10 @@ class Options(BaseModel):
         if len(value) > MAX_DRY_BREAKERS:
             raise ValueError(f"at most {MAX_DRY_BREAKERS} breakers, got {len(value)}")
         for breaker in value:
-            if not breaker or len(breaker) > MAX_DRY_BREAKER_CHARS:
+            if len(breaker.encode()) != 1:
                 raise ValueError(
-                    f"each breaker must be 1 to {MAX_DRY_BREAKER_CHARS} characters, got {breaker!r}"
+                    f"each breaker must be one ASCII character (as llama.cpp's defaults), got "
+                    f"{breaker!r}: longer breakers span several tokens, not supported yet"
                 )
         return value
 

@@ -26,6 +26,7 @@ REQUESTS = {
         "frequency_penalty": 0.5,
         "penalty_last_n": 8,
     },
+    "constrained.processors.dry:DryProcessor": {"dry_multiplier": 0.8, "dry_base": 1.75},
     "constrained.processors.grammar_mask:GrammarMaskProcessor": {"regex": "[0-9]{3}"},
     "constrained.processors.min_p:MinPProcessor": {"min_p": 0.1},
     "constrained.processors.no_repeat_ngram:NoRepeatNGramProcessor": {"no_repeat_ngram_size": 3},

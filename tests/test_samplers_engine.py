@@ -132,3 +132,28 @@ def test_no_repeat_ngram_leaves_no_repeated_bigram(llm):
         assert len(set(bigrams(ids))) == len(bigrams(ids)), ids
     ocr_names = generate(llm, {"ngram_size": 2, "window_size": 100}, temperature=0.0, max_tokens=48)
     assert ocr_names == banned  # vLLM's DeepSeek-OCR option names, same result
+
+
+def test_dry_breaks_the_greedy_loop(llm):
+    """The tiny model's greedy output repeats; DRY penalizes the token that would extend a
+    repeat, so the output changes and its longest repeated run gets shorter."""
+
+    def longest_repeat(ids: list[int]) -> int:
+        best = 0
+        for i in range(len(ids)):
+            for j in range(i + 1, len(ids)):
+                n = 0
+                while j + n < len(ids) and ids[i + n] == ids[j + n]:
+                    n += 1
+                best = max(best, n)
+        return best
+
+    plain = generate(llm, None, temperature=0.0, max_tokens=40)
+    extra = {"dry_multiplier": 5.0, "dry_base": 2.0, "dry_allowed_length": 2,
+             "dry_sequence_breakers": []}  # fmt: skip
+    dry = generate(llm, extra, temperature=0.0, max_tokens=40)
+    assert dry != plain
+    assert max(map(longest_repeat, dry)) < max(map(longest_repeat, plain))
+    # A greedy token never extends a repeat longer than allowed when the penalty is huge.
+    huge = generate(llm, {**extra, "dry_multiplier": 100.0}, temperature=0.0, max_tokens=40)
+    assert max(map(longest_repeat, huge)) <= 3

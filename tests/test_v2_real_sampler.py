@@ -88,6 +88,18 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "recycled_slots": 20,
         "resumed": 8,
     },
+    "dry_sampler": {
+        "dry_rows": 400,
+        "dry_rows_penalized": 80,
+        "dry_draft_rows_penalized": 60,
+        "dry_placeholder_rows": 20,
+        "dry_resumed_rows": 50,
+        "dry_breaker_rows": 150,
+        "plain_rows": 25,
+        "multi_call_steps": 10,
+        "recycled_slots": 15,
+        "resumed": 5,
+    },
     "ngram_sampler": {
         "ngram_rows": 380,
         "ngram_rows_banning": 120,
@@ -182,4 +194,13 @@ def test_ngram_sampler() -> None:
     sees (committed tokens, then the drafts before it), with windows and whitelists, over
     draft and placeholder rows, resumed and recycled slots and chunked calls; no host reads."""
     counts = check_counts("ngram_sampler")
+    assert counts["host_fetches"] == 0, counts
+
+
+def test_dry_sampler() -> None:
+    """DRY rows equal a line-by-line port of llama.cpp's ``llama_sampler_dry_apply`` for the
+    tokens each row sees (prompt, committed output, drafts), breakers from the tiny model's
+    real tokenizer, over draft and placeholder rows, resumed and recycled slots and chunked
+    calls; bit for bit, after vLLM's own temperature; no host reads."""
+    counts = check_counts("dry_sampler")
     assert counts["host_fetches"] == 0, counts

@@ -1,5 +1,6 @@
 """vLLM logits processors. Each class works under Model Runner V1 and V2 (see ``base``)."""
 
+from constrained.processors.dry import DryProcessor
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.logit_bias import LogitBiasProcessor
 from constrained.processors.min_p import MinPProcessor
@@ -10,6 +11,7 @@ from constrained.processors.typical_p import TypicalPProcessor
 from constrained.processors.xtc import XtcProcessor
 
 __all__ = [
+    "DryProcessor",
     "GrammarMaskProcessor",
     "LogitBiasProcessor",
     "MinPProcessor",

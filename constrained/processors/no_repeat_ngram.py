@@ -1,13 +1,7 @@
 """``no_repeat_ngram_size``: never repeat an n-gram of the output (as the OCR models' processors).
 
-The math is ``ngram_math``; this module gathers each logits row's recent output tokens, in a
-``[rows, width]`` history, from where each runner keeps them (chosen once, at build):
-
-- Model Runner V1: the request's live output list on the host (the last ``width`` tokens of
-  each row that uses the option, copied into one array, one upload per step).
-- Model Runner V2: ``req_states.all_token_ids`` on the device for committed tokens, and
-  ``ctx.input_ids`` for the draft tokens before a speculative row; gathered by device ops,
-  no host reads. A ``-1`` placeholder draft is no token.
+The math is ``ngram_math``; each row's recent output tokens come from ``history`` (host lists
+under Model Runner V1, device tables under V2, chosen once at build).
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.history import device_history, device_width, host_history
 from constrained.processors.ngram_math import ban_tokens, repeated_ngram_bans
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
@@ -88,54 +83,30 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
         )
         return ban_tokens(logits, history, banned)
 
-    # ---- each runner's history -----------------------------------------------------------
+    # ---- each runner's history (``history.py``) -------------------------------------------
 
     def _v1_history(self, rows: Rows) -> torch.Tensor:
-        """The last tokens of each row's output list (rows without the option: none)."""
-        slots = np.flatnonzero(self.slots.active[: rows.count])
+        """The last tokens of each using row's output list (V1's host lists)."""
+        slots = np.flatnonzero(self.slots.active[: rows.count]).tolist()
         windows = self.slots.host_values["ngram_window"]
-        outputs = self.slots.payload
-        spans = []
-        for slot in slots.tolist():  # V1's outputs are host lists: read per row
-            size = len(outputs[slot])
-            window = int(windows[slot])
-            spans.append(min(size, window) if window else size)
-        width = max(spans, default=0)
-        history = np.full((rows.count, width), -1, dtype=np.int64)
-        for slot, span in zip(slots.tolist(), spans, strict=True):
-            if span:
-                history[slot, width - span :] = outputs[slot][-span:]
+        outputs = [(self.slots.payload[slot],) for slot in slots]
+        spans = [
+            min(len(out[0]), int(windows[s])) if windows[s] else len(out[0])
+            for s, out in zip(slots, outputs, strict=True)
+        ]
+        history = host_history(rows.count, slots, outputs, spans)
         return torch.from_numpy(history).to(self.layout.device, non_blocking=True)
 
     def _v2_history(self, rows: Rows) -> torch.Tensor:
-        """Each row's visible output tokens: committed ones from ``all_token_ids``, then the
-        drafts fed before it (``ctx.input_ids``), right-aligned; ``-1`` elsewhere."""
+        """Each row's visible output tokens (committed, then drafts), on the device."""
         ctx, states = rows.ctx, self.layout.req_states
-        width = self._v2_width(ctx)
-        slots = rows.slots.long()
-        all_tokens = states.all_token_ids.gpu
-        prompt_len = states.prompt_len.gpu[slots].long().unsqueeze(1)
-        pos = ctx.pos.long().unsqueeze(1)
-        local = ctx.expanded_local_pos.long().unsqueeze(1)
-        visible = (pos + 1 - prompt_len).clamp_(min=0)  # output tokens before the sample
-        window = self.slots.gather("ngram_window", rows).unsqueeze(1)
-        span = torch.where(window > 0, torch.minimum(window, visible), visible)
-        index = torch.arange(width, device=slots.device).unsqueeze(0) - width + visible
-        position = prompt_len + index  # absolute position of each history entry
-        committed = all_tokens[slots.unsqueeze(1), position.clamp(0, all_tokens.shape[1] - 1)]
-        back = pos - position  # rows back from this one, for the drafts
-        row = torch.arange(rows.count, device=slots.device).unsqueeze(1)
-        drafts = ctx.input_ids[(row - back).clamp(0, rows.count - 1)]
-        tokens = torch.where(position <= pos - local, committed.long(), drafts.long())
-        return torch.where(index >= visible - span, tokens, -1)
-
-    def _v2_width(self, ctx: Any) -> int:
-        """A host bound on any row's history: the widest window of this step's requests,
-        capped by the most output tokens a row can see (host values, no sync)."""
-        slots = ctx.idx_mapping_np
-        states = self.layout.req_states
-        seen = ctx.seq_lens_upper_bound_np - states.prompt_len.np[slots]
-        windows = self.slots.host_values["ngram_window"][slots]
-        used = self.slots.active[slots]
-        limit = np.where(windows > 0, np.minimum(windows, seen), seen)[used]
-        return int(max(limit.max(initial=0), 0))
+        slots_np = ctx.idx_mapping_np
+        width = device_width(
+            ctx,
+            states.prompt_len.np[slots_np],
+            self.slots.host_values["ngram_window"][slots_np],
+            self.slots.active[slots_np],
+        )
+        first = states.prompt_len.gpu[rows.slots].long()  # output tokens only
+        span = self.slots.gather("ngram_window", rows)
+        return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)

@@ -43,6 +43,9 @@ class V1Layout:
         self.capacity = int(vllm_config.scheduler_config.max_num_seqs)
         self.logits_width = int(vllm_config.model_config.get_vocab_size())
         self.req_states = None
+        # On CPU a "device" value is a host value: reading one costs no sync, so a processor
+        # may branch on it (skip work, stop a loop early). Never under V2 (the GPU runner).
+        self.host_reads_free = self.device.type == "cpu"
 
     @staticmethod
     def pick(v1: T, v2: T) -> T:
@@ -63,6 +66,7 @@ class V2Layout:
         self.capacity = int(req_states.max_num_reqs)
         self.logits_width = int(req_states.vocab_size)
         self.req_states = req_states
+        self.host_reads_free = False
 
     @staticmethod
     def pick(v1: T, v2: T) -> T:

@@ -27,7 +27,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcessor, Tokens
-from constrained.processors.runners import Rows, V1Layout
+from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
 
@@ -51,8 +51,7 @@ class TruncationProcessor(DualInterfaceProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        on_host = isinstance(self.layout, V1Layout) and self.layout.device.type == "cpu"
-        self.mask = HostRowsMask(self) if on_host else TensorMask(self)
+        self.mask = HostRowsMask(self) if self.layout.host_reads_free else TensorMask(self)
         self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
 
     def columns(self) -> dict[str, Column]:

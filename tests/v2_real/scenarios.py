@@ -822,6 +822,134 @@ def ngram_sampler() -> dict:
     return stats
 
 
+# ---- 5. DRY -------------------------------------------------------------------------------
+
+
+@scenario
+def dry_sampler() -> dict:
+    """Every row of a request with DRY equals the llama.cpp port's row for the tokens it sees
+    (prompt, committed output, then the drafts before it; a -1 placeholder is a token that
+    matches nothing), with the tiny model's real tokenizer for the breakers; plain rows
+    untouched. Small vocabulary and repetitive prompts and drafts, so repeats are long."""
+    from tests.test_dry import dry_reference
+
+    from constrained.processors.dry import DryProcessor
+
+    rng = random.Random(13)
+    torch.manual_seed(13)
+    capacity, num_spec, vocab = 10, 3, 48
+    started = time.monotonic()
+    config = harness.make_vllm_config(capacity, num_spec, 256, 512)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=vocab,
+        num_spec=num_spec,
+        max_model_len=256,
+        max_num_batched_tokens=512,
+    )
+    dry = next(p for p in runner.custom if isinstance(p, DryProcessor))
+    token_bytes = dry.breakers.token_bytes()  # the real tokenizer: ids 0-47 are ASCII
+    stats = {
+        "setup_seconds": round(time.monotonic() - started, 1),
+        "dry_rows": 0,
+        "dry_rows_penalized": 0,
+        "dry_draft_rows_penalized": 0,
+        "dry_placeholder_rows": 0,
+        "dry_resumed_rows": 0,
+        "dry_breaker_rows": 0,
+        "plain_rows": 0,
+    }
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+    for step_no in range(45):
+        for req in list(reqs):
+            ended = len(req.output) >= 30
+            if ended or rng.random() < 0.05:
+                runner.finish(req)
+                reqs.remove(req)
+                if not ended and req.output:
+                    parked.append(req)
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        for _ in range(rng.randint(0, 2)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            extra: dict | None = None
+            if rng.random() < 0.8:
+                extra = {
+                    "dry_multiplier": rng.choice([0.8, 2.0]),
+                    "dry_base": rng.choice([1.1, 1.75, 3.0]),
+                    "dry_allowed_length": rng.choice([1, 2, 3]),
+                    "dry_penalty_last_n": rng.choice([-1, 8, 32]),
+                }
+                if rng.random() < 0.4:
+                    extra["dry_sequence_breakers"] = rng.choice([["#"], ["%", "&"], []])
+            params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
+            prompt = random_tokens(rng, rng.randint(2, 6), vocab) * rng.randint(1, 4)
+            req = Req(f"d{next_id}", params, prompt)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id in fresh or rng.random() < 0.9:
+                pool = req.tokens[-5:]
+                drafts = [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
+                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, vocab) * 3
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        for row in step.rows:
+            req, raw = row.req, logits[row.index]
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            extra = req.params.extra_args
+            got = processed[row.index]
+            if not extra:
+                check(bits_equal(got, raw), f"{at}: plain row changed")
+                stats["plain_rows"] += 1
+                continue
+            first = row.pos - row.local
+            if row.placeholder:
+                seen = req.tokens[: first + 1] + [-1] * row.local
+            else:
+                seen = req.tokens[: first + 1] + row.drafts_before
+            names = extra.get("dry_sequence_breakers", ["\n", ":", '"', "*"])
+            breakers = {t for t in range(vocab) if any(n.encode() in token_bytes[t] for n in names)}
+            want = dry_reference(
+                seen,
+                raw,
+                extra["dry_multiplier"],
+                extra["dry_base"],
+                extra["dry_allowed_length"],
+                extra["dry_penalty_last_n"],
+                breakers | {-1} if row.placeholder else breakers,
+                256,
+            )
+            want = divided(want, req.params.temperature)
+            check(bits_equal(got, want), f"{at} {extra}: differs from llama.cpp's DRY after "
+                  f"{seen}: max diff {max_abs_diff(got, want)}")  # fmt: skip
+            stats["dry_rows"] += 1
+            changed = not bits_equal(want, divided(raw, req.params.temperature))
+            stats["dry_rows_penalized"] += changed
+            stats["dry_draft_rows_penalized"] += changed and row.local > 0
+            stats["dry_placeholder_rows"] += row.placeholder
+            stats["dry_resumed_rows"] += req.prefill_len > len(req.prompt)
+            stats["dry_breaker_rows"] += any(t in breakers for t in seen)
+        runner.commit(step, sample_step(step, processed, rng))
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SCENARIOS:
         print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")

@@ -1,0 +1,205 @@
+"""DRY, "don't repeat yourself" (llama.cpp's ``dry_*`` options): penalize extending a repeat.
+
+The math is ``dry_math``; each row's recent tokens (prompt and output) come from ``history``
+(host lists under Model Runner V1, device tables under V2, chosen once at build). Sequence
+breakers become, per distinct breaker list, a ``[vocab]`` mask of the tokens whose text
+contains one of them (``BreakerMasks``), built once from the served tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from constrained.options import DRY_DEFAULT_BREAKERS, Options
+from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.dry_math import dry_penalize, max_exponent, repeat_lengths
+from constrained.processors.history import device_history, device_width, host_history
+from constrained.processors.runners import Rows
+from constrained.processors.slots import Column
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+
+DEFAULT_BASE = 1.75  # llama.cpp's defaults
+DEFAULT_ALLOWED_LENGTH = 2
+
+
+class DryProcessor(DualInterfaceProcessor):
+    """DRY (koboldcpp / llama.cpp): a token that would extend a repeat of ``n`` tokens,
+    ``n >= dry_allowed_length``, gets ``logit -= dry_multiplier * dry_base ** (n -
+    dry_allowed_length)`` (exponent clamped as llama.cpp clamps it against float overflow).
+
+    ``n`` is the longest run of the newest tokens that also occurs ending just before that
+    token, within the last ``dry_penalty_last_n`` tokens of prompt + output (-1: all of them).
+    A repeat never reaches back past the most recent sequence breaker, and breaker tokens
+    themselves are never penalized. Runs before temperature; greedy requests are penalized
+    too (it is a penalty, not a sampling filter).
+
+    Example::
+
+        SamplingParams(extra_args={"dry_multiplier": 0.8, "dry_base": 1.75,
+                                   "dry_allowed_length": 2, "dry_penalty_last_n": -1})
+    """
+
+    OPTIONS = frozenset(
+        {"dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+         "dry_sequence_breakers"}
+    )  # fmt: skip
+
+    def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
+        super().__init__(vllm_config, *runner_args)
+        self.max_len = _max_model_len(vllm_config)
+        self.breakers = BreakerMasks(
+            self.logits_width, self.layout.device, _token_bytes(vllm_config)
+        )
+        self.history = self.layout.pick(self._v1_history, self._v2_history)
+
+    def columns(self) -> dict[str, Column]:
+        return {
+            # float32, as llama.cpp keeps them; the penalty is then computed in float64
+            "dry_multiplier": Column(torch.float32, 0.0),
+            "dry_base": Column(torch.float32, DEFAULT_BASE),
+            "dry_allowed": Column(torch.int64, DEFAULT_ALLOWED_LENGTH),
+            "dry_window": Column(torch.int64, 0),  # 0: the whole sequence
+            "dry_cap": Column(torch.int64, 0),  # repeat lengths never matter beyond this
+            "dry_exponent_cap": Column(torch.int64, 0),  # 0: no clamp
+            "dry_breakers": Column(torch.int64, 0),  # index into BreakerMasks
+        }
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def fill_slot(
+        self, slot: int, options: Options, params: SamplingParams, tokens: Tokens
+    ) -> bool:
+        if not options.has_dry():
+            return False
+        base = options.dry_base if options.dry_base is not None else DEFAULT_BASE
+        allowed = options.dry_allowed_length or DEFAULT_ALLOWED_LENGTH
+        window = options.dry_penalty_last_n
+        window = 0 if window is None or window < 0 else window
+        exponent_cap = max_exponent(base)
+        cap = allowed + exponent_cap if exponent_cap else self.max_len
+        breakers = options.dry_sequence_breakers
+        self.slots.write(
+            slot,
+            dry_multiplier=options.dry_multiplier,
+            dry_base=base,
+            dry_allowed=allowed,
+            dry_window=window,
+            dry_cap=min(cap, self.max_len),
+            dry_exponent_cap=exponent_cap,
+            dry_breakers=self.breakers.index(
+                tuple(DRY_DEFAULT_BREAKERS if breakers is None else breakers)
+            ),
+        )
+        if tokens is not None:
+            self.slots.payload[slot] = tokens  # V1: (prompt, vLLM's live output list)
+        return True
+
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        history = self.history(rows)
+        if history.shape[1] < 2:
+            return logits
+        gather = self.slots.gather
+        breaker = self.breakers.lookup(gather("dry_breakers", rows), history)
+        caps = self.slots.host_values["dry_cap"][self.slots.active]
+        lengths = repeat_lengths(
+            history,
+            breaker,
+            gather("dry_cap", rows),
+            int(caps.max()),
+            stop_early=self.layout.host_reads_free,
+        )
+        return dry_penalize(
+            logits,
+            history,
+            lengths,
+            breaker,
+            gather("dry_allowed", rows),
+            gather("dry_multiplier", rows),
+            gather("dry_base", rows),
+            gather("dry_exponent_cap", rows),
+        )
+
+    # ---- each runner's history (``history.py``) -------------------------------------------
+
+    def _v1_history(self, rows: Rows) -> torch.Tensor:
+        slots = np.flatnonzero(self.slots.active[: rows.count]).tolist()
+        windows = self.slots.host_values["dry_window"]
+        parts = [self.slots.payload[slot] for slot in slots]
+        spans = []
+        for slot, (prompt, output) in zip(slots, parts, strict=True):
+            total = len(prompt) + len(output)
+            spans.append(min(total, int(windows[slot])) if windows[slot] else total)
+        history = host_history(rows.count, slots, parts, spans)
+        return torch.from_numpy(history).to(self.layout.device, non_blocking=True)
+
+    def _v2_history(self, rows: Rows) -> torch.Tensor:
+        ctx, states = rows.ctx, self.layout.req_states
+        slots_np = ctx.idx_mapping_np
+        width = device_width(
+            ctx,
+            np.zeros(len(slots_np), dtype=np.int64),
+            self.slots.host_values["dry_window"][slots_np],
+            self.slots.active[slots_np],
+        )
+        first = torch.zeros(rows.count, dtype=torch.long, device=self.layout.device)
+        span = self.slots.gather("dry_window", rows)
+        return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)
+
+
+class BreakerMasks:
+    """Per distinct breaker list, the tokens that are single-token sequence breakers.
+
+    As llama.cpp's ``get_overlapping_token_sequences``: a token whose text (its bytes)
+    contains a breaker string is a breaker. Lists are built once and kept as rows of a
+    ``[lists, vocab]`` bool table on the device (a new list adds a row: one vocab of bytes).
+    """
+
+    def __init__(self, width: int, device: torch.device, token_bytes: Callable[[], list]) -> None:
+        self.width = width
+        self.device = device
+        self.token_bytes = token_bytes
+        self.ids: dict[tuple[str, ...], int] = {}
+        self.table = torch.zeros(0, width, dtype=torch.bool, device=device)
+
+    def index(self, breakers: tuple[str, ...]) -> int:
+        if breakers not in self.ids:
+            mask = torch.zeros(1, self.width, dtype=torch.bool)
+            needles = [b.encode() for b in breakers]
+            for token, text in enumerate(self.token_bytes()[: self.width]):
+                if text and any(needle in text for needle in needles):
+                    mask[0, token] = True
+            self.table = torch.cat([self.table, mask.to(self.device)])
+            self.ids[breakers] = len(self.ids)
+        return self.ids[breakers]
+
+    def lookup(self, lists: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """[rows, width] bool: whether each history token breaks its row's repeats."""
+        if self.table.shape[0] == 0:
+            return torch.zeros_like(history, dtype=torch.bool)
+        return self.table[lists.unsqueeze(1), history.clamp(min=0)] & (history >= 0)
+
+
+def _max_model_len(vllm_config: Any) -> int:
+    model_config = getattr(vllm_config, "model_config", None)
+    return int(getattr(model_config, "max_model_len", 0) or 1 << 20)
+
+
+def _token_bytes(vllm_config: Any) -> Callable[[], list]:
+    """The served tokenizer's token bytes, loaded on first use (only DRY requests need it)."""
+
+    def load() -> list:
+        from constrained.admission import tokenizer_path
+        from constrained.grammars.vocab import load_vocab
+
+        model_config = vllm_config.model_config
+        width = int(model_config.get_vocab_size())
+        return load_vocab(tokenizer_path(model_config), width).token_bytes()
+
+    return load

@@ -1,0 +1,85 @@
+"""Each logits row's recent tokens as one ``[rows, width]`` tensor, from either runner.
+
+Processors that look back over a request's tokens (no-repeat-ngram, DRY) work on a history:
+the last ``span`` tokens a row can see, right-aligned (newest last), ``-1`` where there is
+none. Where the tokens live differs by runner:
+
+- Model Runner V1: host lists (the prompt, and vLLM's live output list): ``host_history``
+  copies each using row's tail into one array, uploaded once per step.
+- Model Runner V2: ``req_states.all_token_ids`` on the device for committed tokens, and
+  ``ctx.input_ids`` for the draft tokens fed before a speculative row: ``device_history``
+  gathers them by device ops, no host reads. A ``-1`` placeholder draft stays ``-1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def host_history(
+    num_rows: int,
+    rows: Sequence[int],
+    parts: Sequence[Sequence[Sequence[int]]],
+    spans: Sequence[int],
+) -> np.ndarray:
+    """The last ``spans[i]`` tokens of ``parts[i]`` (lists read in order, e.g. prompt then
+    output) in row ``rows[i]`` of a ``[num_rows, max(spans)]`` int64 array, ``-1`` elsewhere."""
+    width = max(spans, default=0)
+    history = np.full((num_rows, width), -1, dtype=np.int64)
+    for row, lists, span in zip(rows, parts, spans, strict=True):
+        end = width
+        for tokens in reversed(lists):  # newest list first; take what the span still needs
+            take = min(span - (width - end), len(tokens))
+            if take > 0:
+                history[row, end - take : end] = tokens[len(tokens) - take :]
+                end -= take
+    return history
+
+
+def device_history(
+    ctx: Any,
+    all_token_ids: torch.Tensor,
+    row_slots: torch.Tensor,
+    first: torch.Tensor,
+    span: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """Each V2 logits row's visible tokens from position ``first[r]`` on, the last ``span[r]``
+    of them (0: all), right-aligned in ``width`` columns; committed tokens from
+    ``all_token_ids``, the drafts before a speculative row from ``ctx.input_ids``.
+
+    Args:
+        ctx: V2's ``LogitsContext`` (``pos``, ``expanded_local_pos``, ``input_ids``).
+        all_token_ids: [slots, max_len] committed token ids.
+        row_slots: [rows] the slot of each row; first, span: [rows] int64.
+    """
+    rows = row_slots.shape[0]
+    slots = row_slots.long().unsqueeze(1)
+    pos = ctx.pos.long().unsqueeze(1)  # the row's own input position
+    local = ctx.expanded_local_pos.long().unsqueeze(1)
+    first = first.unsqueeze(1)
+    visible = (pos + 1 - first).clamp_(min=0)
+    span = span.unsqueeze(1)
+    span = torch.where(span > 0, torch.minimum(span, visible), visible)
+    index = torch.arange(width, device=slots.device).unsqueeze(0) - width + visible
+    position = first + index
+    committed = all_token_ids[slots, position.clamp(0, all_token_ids.shape[1] - 1)]
+    back = pos - position  # how many rows back this request fed that draft
+    row = torch.arange(rows, device=slots.device).unsqueeze(1)
+    drafts = ctx.input_ids[(row - back).clamp(0, max(rows - 1, 0))]
+    tokens = torch.where(position <= pos - local, committed.long(), drafts.long())
+    return torch.where(index >= visible - span, tokens, -1)
+
+
+def device_width(ctx: Any, first_np: np.ndarray, span_np: np.ndarray, used: np.ndarray) -> int:
+    """A host bound on any V2 row's history width this step (no device reads): per request,
+    its span (0: all) capped by the tokens it can see (``seq_lens_upper_bound_np - first``).
+
+    ``first_np``, ``span_np``, ``used``: per request of ``ctx.idx_mapping_np``."""
+    seen = ctx.seq_lens_upper_bound_np - first_np
+    limit = np.where(span_np > 0, np.minimum(span_np, seen), seen)[used]
+    return int(max(limit.max(initial=0), 0))
