@@ -94,10 +94,14 @@ def step_cost(name: str, options: dict, batch: int, steps: int, rng: random.Rand
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
+    from constrained.tiny_model import build_tiny_model
     from tests.simulate import fake_vllm_config
 
     cls = owner_class(options)
-    proc = cls(fake_vllm_config(batch, VOCAB), torch.device("cpu"), False)
+    config = fake_vllm_config(batch, VOCAB)
+    config.model_config.tokenizer = str(build_tiny_model())  # DRY's breakers need it
+    config.model_config.max_model_len = 1024
+    proc = cls(config, torch.device("cpu"), False)
     prompts = [[rng.randrange(VOCAB) for _ in range(PROMPT_LEN)] for _ in range(batch)]
     outputs = [[rng.randrange(VOCAB) for _ in range(64)] for _ in range(batch)]
     params = SamplingParams(temperature=1.0, seed=1, extra_args=options)

@@ -7,6 +7,7 @@ the options do to it).
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any, Literal
 
@@ -138,3 +139,18 @@ def show_samplers(llm: Any, sampling_params: Any, tokenizer: Any) -> None:
         )
         out = llm.generate(PROMPTS[:1], params, use_tqdm=False)[0].outputs[0]
         print(f"\n-- {label}\n   {out.text!r}")
+    repeat_runs = [
+        ("greedy, no options: this random model loops", None),
+        ("greedy + no_repeat_ngram_size 2: no bigram twice",
+         Options(no_repeat_ngram_size=2)),
+        ("greedy + DRY (multiplier 5, base 2, allowed length 2): repeats are penalized",
+         Options(dry_multiplier=5.0, dry_base=2.0, dry_allowed_length=2)),
+    ]  # fmt: skip
+    for label, options in repeat_runs:
+        extra = options.to_extra_args() if options else None
+        params = sampling_params(temperature=0.0, max_tokens=24, extra_args=extra)
+        out = llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0]
+        ids = list(out.token_ids)
+        pairs = list(itertools.pairwise(ids))
+        print(f"\n-- {label}\n   {out.text!r}")
+        print(f"      {len(pairs) - len(set(pairs))} repeated bigrams of {len(pairs)}")
