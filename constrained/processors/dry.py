@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from constrained.options import DRY_DEFAULT_BREAKERS, Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.dry_math import dry_penalize, max_exponent, repeat_lengths
-from constrained.processors.history import device_history, device_width, host_history
+from constrained.processors.history import row_history
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 
@@ -56,7 +55,7 @@ class DryProcessor(DualInterfaceProcessor):
         self.breakers = BreakerMasks(
             self.logits_width, self.layout.device, _token_bytes(vllm_config)
         )
-        self.history = self.layout.pick(self._v1_history, self._v2_history)
+        self.history = row_history(self.slots, self.layout, "dry_window", output_only=False)
 
     def columns(self) -> dict[str, Column]:
         return {
@@ -125,32 +124,6 @@ class DryProcessor(DualInterfaceProcessor):
             gather("dry_base", rows),
             gather("dry_exponent_cap", rows),
         )
-
-    # ---- each runner's history (``history.py``) -------------------------------------------
-
-    def _v1_history(self, rows: Rows) -> torch.Tensor:
-        slots = np.flatnonzero(self.slots.active[: rows.count]).tolist()
-        windows = self.slots.host_values["dry_window"]
-        parts = [self.slots.payload[slot] for slot in slots]
-        spans = []
-        for slot, (prompt, output) in zip(slots, parts, strict=True):
-            total = len(prompt) + len(output)
-            spans.append(min(total, int(windows[slot])) if windows[slot] else total)
-        history = host_history(rows.count, slots, parts, spans)
-        return torch.from_numpy(history).to(self.layout.device, non_blocking=True)
-
-    def _v2_history(self, rows: Rows) -> torch.Tensor:
-        ctx, states = rows.ctx, self.layout.req_states
-        slots_np = ctx.idx_mapping_np
-        width = device_width(
-            ctx,
-            np.zeros(len(slots_np), dtype=np.int64),
-            self.slots.host_values["dry_window"][slots_np],
-            self.slots.active[slots_np],
-        )
-        first = torch.zeros(rows.count, dtype=torch.long, device=self.layout.device)
-        span = self.slots.gather("dry_window", rows)
-        return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)
 
 
 class BreakerMasks:

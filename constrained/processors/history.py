@@ -83,3 +83,56 @@ def device_width(ctx: Any, first_np: np.ndarray, span_np: np.ndarray, used: np.n
     seen = ctx.seq_lens_upper_bound_np - first_np
     limit = np.where(span_np > 0, np.minimum(span_np, seen), seen)[used]
     return int(max(limit.max(initial=0), 0))
+
+
+class HostRowHistory:
+    """Model Runner V1: each using row's history from its host lists (slot payload
+    ``(prompt, output)``), the last ``window`` tokens (the slot's ``window_column``; 0: all)."""
+
+    def __init__(self, slots: Any, layout: Any, window_column: str, output_only: bool) -> None:
+        self.slots, self.device = slots, layout.device
+        self.window_column, self.output_only = window_column, output_only
+
+    def __call__(self, rows: Any) -> torch.Tensor:
+        slots = np.flatnonzero(self.slots.active[: rows.count]).tolist()
+        windows = self.slots.host_values[self.window_column]
+        parts, spans = [], []
+        for slot in slots:  # V1's token lists are host objects: read per using row
+            prompt, output = self.slots.payload[slot]
+            lists = (output,) if self.output_only else (prompt, output)
+            total = sum(len(tokens) for tokens in lists)
+            parts.append(lists)
+            spans.append(min(total, int(windows[slot])) if windows[slot] else total)
+        history = host_history(rows.count, slots, parts, spans)
+        return torch.from_numpy(history).to(self.device, non_blocking=True)
+
+
+class DeviceRowHistory:
+    """Model Runner V2: each row's history from the device token table and the drafts fed
+    before it (``device_history``), width bounded on the host (``device_width``)."""
+
+    def __init__(self, slots: Any, layout: Any, window_column: str, output_only: bool) -> None:
+        self.slots, self.states = slots, layout.req_states
+        self.window_column, self.output_only = window_column, output_only
+
+    def __call__(self, rows: Any) -> torch.Tensor:
+        ctx, states = rows.ctx, self.states
+        slots_np = ctx.idx_mapping_np
+        if self.output_only:
+            first_np = states.prompt_len.np[slots_np]
+            first = states.prompt_len.gpu[rows.slots].long()
+        else:
+            first_np = np.zeros(len(slots_np), dtype=np.int64)
+            first = torch.zeros(rows.count, dtype=torch.long, device=rows.slots.device)
+        windows = self.slots.host_values[self.window_column][slots_np]
+        width = device_width(ctx, first_np, windows, self.slots.active[slots_np])
+        span = self.slots.gather(self.window_column, rows)
+        return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)
+
+
+def row_history(
+    slots: Any, layout: Any, window_column: str, output_only: bool
+) -> HostRowHistory | DeviceRowHistory:
+    """The runner's history reader, chosen once when a processor is built."""
+    cls = layout.pick(HostRowHistory, DeviceRowHistory)
+    return cls(slots, layout, window_column, output_only)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
-from constrained.processors.history import device_history, device_width, host_history
+from constrained.processors.history import row_history
 from constrained.processors.ngram_math import ban_tokens, repeated_ngram_bans
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
@@ -42,7 +41,7 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        self.history = self.layout.pick(self._v1_history, self._v2_history)
+        self.history = row_history(self.slots, self.layout, "ngram_window", output_only=True)
 
     def columns(self) -> dict[str, Column]:
         return {
@@ -67,7 +66,7 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             values["ngram_whitelist"] = sorted(set(options.ngram_whitelist))
         self.slots.write(slot, **values)
         if tokens is not None:
-            self.slots.payload[slot] = tokens[1]  # V1: vLLM's live output list
+            self.slots.payload[slot] = tokens  # V1: (prompt, vLLM's live output list)
         return True
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -82,31 +81,3 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             max_n,
         )
         return ban_tokens(logits, history, banned)
-
-    # ---- each runner's history (``history.py``) -------------------------------------------
-
-    def _v1_history(self, rows: Rows) -> torch.Tensor:
-        """The last tokens of each using row's output list (V1's host lists)."""
-        slots = np.flatnonzero(self.slots.active[: rows.count]).tolist()
-        windows = self.slots.host_values["ngram_window"]
-        outputs = [(self.slots.payload[slot],) for slot in slots]
-        spans = [
-            min(len(out[0]), int(windows[s])) if windows[s] else len(out[0])
-            for s, out in zip(slots, outputs, strict=True)
-        ]
-        history = host_history(rows.count, slots, outputs, spans)
-        return torch.from_numpy(history).to(self.layout.device, non_blocking=True)
-
-    def _v2_history(self, rows: Rows) -> torch.Tensor:
-        """Each row's visible output tokens (committed, then drafts), on the device."""
-        ctx, states = rows.ctx, self.layout.req_states
-        slots_np = ctx.idx_mapping_np
-        width = device_width(
-            ctx,
-            states.prompt_len.np[slots_np],
-            self.slots.host_values["ngram_window"][slots_np],
-            self.slots.active[slots_np],
-        )
-        first = states.prompt_len.gpu[rows.slots].long()  # output tokens only
-        span = self.slots.gather("ngram_window", rows)
-        return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)

@@ -151,15 +151,7 @@ def typical_bounds(
         (True, False)
     """
     work = scratch or Scratch.none()
-    top = logits.amax(-1, keepdim=True)
-    shifted = torch.sub(logits, top, out=work.like("shifted", logits))
-    weight = torch.exp(shifted, out=work.like("weight", logits))  # p * Z; masked: 0
-    shifted.clamp_(min=-FLOAT32_UNDERFLOW)  # so 0 * shifted is 0, never nan
-    total = weight.sum(-1, keepdim=True)
-    centre = torch.linalg.vecdot(weight, shifted).unsqueeze(1) / total  # c - top, <= 0
-    width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
-    distance = shifted.sub_(centre).abs_()
-    target = mass.unsqueeze(1).double() * total.double()
+    top, weight, centre, width, distance, target = _typicality(logits, mass, work)
     start = torch.zeros_like(centre)  # the bucket where the mass crosses starts here ...
     below = torch.zeros_like(target)  # ... after this much mass (float64: 150k-term sums)
     scaled = work.like("scaled", logits)
@@ -179,12 +171,7 @@ def typical_bounds(
             in_bucket = torch.eq(bucket, crossing, out=work.like("in_bucket", logits, torch.bool))
             candidates = torch.mul(weight, in_bucket, out=work.like("candidates", logits))
     radius = (start + width).squeeze(1).double()  # the last crossing bucket is kept whole
-    centre = (top + centre).squeeze(1).double()
-    radius += TYPICAL_MARGIN * (centre.abs() + radius + 1.0)
-    off = mass >= 1
-    low = torch.where(off, NEG_INF, centre - radius)
-    high = torch.where(off, POS_INF, centre + radius)
-    return low.float(), high.float()
+    return _typical_interval(top, centre, radius, mass)
 
 
 def xtc_bounds(
@@ -317,20 +304,12 @@ def typical_bounds_on_host(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``typical_bounds`` for a CPU block, exact: one histogram level, then the crossing
     bucket's few tokens sorted (host reads are free on CPU). Ties at the boundary stay."""
-    top = logits.amax(-1, keepdim=True)
-    shifted = torch.sub(logits, top, out=scratch.like("shifted", logits))
-    weight = torch.exp(shifted, out=scratch.like("weight", logits))
-    shifted.clamp_(min=-FLOAT32_UNDERFLOW)
-    total = weight.sum(-1, keepdim=True)
-    centre = torch.linalg.vecdot(weight, shifted).unsqueeze(1) / total
-    width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
-    distance = shifted.sub_(centre).abs_()
+    top, weight, centre, width, distance, target = _typicality(logits, mass, scratch)
     scale = bins / width
     scaled = torch.mul(distance, scale, out=scratch.like("scaled", logits)).clamp_(max=bins - 1)
     bucket = scratch.like("bucket", logits, torch.int64).copy_(scaled)
     hist = weight.new_zeros(logits.shape[0], bins).scatter_add_(1, bucket, weight)
     cumulative = hist.double().cumsum_(-1)
-    target = mass.unsqueeze(1).double() * total.double()
     crossing = (cumulative <= target).sum(-1, keepdim=True).clamp_(max=bins - 1)
     below = (cumulative.gather(1, (crossing - 1).clamp_(min=0)) * (crossing > 0)).squeeze(1)
     radius = torch.empty(logits.shape[0], dtype=torch.float64)
@@ -340,8 +319,32 @@ def typical_bounds_on_host(
         running = float(below[row]) + weight[row, members[order]].double().cumsum(0)
         first = int((running <= float(target[row])).sum().clamp(max=d.numel() - 1))
         radius[row] = float(d[first]) if d.numel() else float(width[row]) / bins
+    return _typical_interval(top, centre, radius, mass)
+
+
+def _typicality(logits: torch.Tensor, mass: torch.Tensor, work: Scratch) -> tuple:
+    """What both typical-p searches start from, per row: the top logit, the unnormalized
+    probabilities ``p * Z``, ``c - top`` (the expected logit, shifted), the range of
+    ``d = |l - c|``, ``d`` itself, and the target mass ``mass * Z`` (float64)."""
+    top = logits.amax(-1, keepdim=True)
+    shifted = torch.sub(logits, top, out=work.like("shifted", logits))
+    weight = torch.exp(shifted, out=work.like("weight", logits))  # masked tokens weigh 0
+    shifted.clamp_(min=-FLOAT32_UNDERFLOW)  # so 0 * shifted is 0, never nan
+    total = weight.sum(-1, keepdim=True)
+    centre = torch.linalg.vecdot(weight, shifted).unsqueeze(1) / total  # c - top, <= 0
+    width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
+    distance = shifted.sub_(centre).abs_()
+    target = mass.unsqueeze(1).double() * total.double()
+    return top, weight, centre, width, distance, target
+
+
+def _typical_interval(
+    top: torch.Tensor, centre: torch.Tensor, radius: torch.Tensor, mass: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept logits ``[c - radius, c + radius]``, widened by ``TYPICAL_MARGIN``; rows with
+    ``mass >= 1`` keep everything."""
     centre = (top + centre).squeeze(1).double()
-    radius += TYPICAL_MARGIN * (centre.abs() + radius + 1.0)
+    radius = radius + TYPICAL_MARGIN * (centre.abs() + radius + 1.0)
     off = mass >= 1
     low = torch.where(off, NEG_INF, centre - radius)
     high = torch.where(off, POS_INF, centre + radius)
