@@ -27,6 +27,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -53,6 +54,24 @@ VLLM_OCR_ALIASES = {
     "whitelist_token_ids": "ngram_whitelist",
 }
 VLLM_OCR_DEFAULT_WINDOW = 100  # that processor's window_size when a request omits it
+# The samplers' numeric options: (low, high or None, low excluded, why), one rule each.
+SAMPLER_RANGES: dict[str, tuple[float, float | None, bool, str]] = {
+    "dry_multiplier": (0, None, False, " (0 = off)"),
+    "dry_base": (1, None, False, ""),
+    "dry_allowed_length": (1, MAX_PENALTY_WINDOW, False, ""),
+    "xtc_probability": (0, 1, False, ""),
+    "xtc_threshold": (
+        0,
+        XTC_MAX_THRESHOLD,
+        False,
+        f" (above {XTC_MAX_THRESHOLD} at most one token can reach it, so XTC would never "
+        "remove anything)",
+    ),
+    "top_n_sigma": (0, None, True, " (omit it to turn top-n-sigma off)"),
+    "typical_p": (0, 1, True, " (1 = off)"),
+    "no_repeat_ngram_size": (1, MAX_NGRAM_SIZE, False, ""),
+    "ngram_window": (1, MAX_PENALTY_WINDOW, False, ""),
+}
 # An option that does nothing without another one: refused alone, never silently ignored.
 REQUIRES = {
     "dry_base": "dry_multiplier",
@@ -244,31 +263,20 @@ class Options(BaseModel):
             raise ValueError(f"must be in [0, {MAX_PENALTY_WINDOW}] (0 = no window), got {value}")
         return value
 
-    @field_validator("dry_multiplier")
+    @field_validator(*SAMPLER_RANGES)
     @classmethod
-    def _check_dry_multiplier(cls, value: float | None) -> float | None:
+    def _check_sampler_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """One range rule per sampler option (``SAMPLER_RANGES``)."""
         if value is None:
             return None
-        value = _finite(value)
-        if value < 0:
-            raise ValueError(f"must be >= 0 (0 = off), got {value}")
-        return value
-
-    @field_validator("dry_base")
-    @classmethod
-    def _check_dry_base(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if value < 1:
-            raise ValueError(f"must be >= 1, got {value}")
-        return value
-
-    @field_validator("dry_allowed_length")
-    @classmethod
-    def _check_dry_allowed_length(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= MAX_PENALTY_WINDOW:
-            raise ValueError(f"must be in [1, {MAX_PENALTY_WINDOW}], got {value}")
+        low, high, low_open, why = SAMPLER_RANGES[info.field_name]
+        if isinstance(value, float):
+            value = _finite(value)
+        below = value <= low if low_open else value < low
+        if below or (high is not None and value > high):
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}]" if high is not None else ""
+            shown = f"in {interval}" if interval else f"{'>' if low_open else '>='} {low:g}"
+            raise ValueError(f"must be {shown}{why}, got {value}")
         return value
 
     @field_validator("dry_penalty_last_n")
@@ -291,63 +299,6 @@ class Options(BaseModel):
                     f"each breaker must be one ASCII character (as llama.cpp's defaults), got "
                     f"{breaker!r}: longer breakers span several tokens, not supported yet"
                 )
-        return value
-
-    @field_validator("xtc_probability")
-    @classmethod
-    def _check_xtc_probability(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"must be in [0, 1], got {value}")
-        return value
-
-    @field_validator("xtc_threshold")
-    @classmethod
-    def _check_xtc_threshold(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if not 0.0 <= value <= XTC_MAX_THRESHOLD:
-            raise ValueError(
-                f"must be in [0, {XTC_MAX_THRESHOLD}], got {value} (above {XTC_MAX_THRESHOLD} "
-                "at most one token can reach it, so XTC would never remove anything)"
-            )
-        return value
-
-    @field_validator("top_n_sigma")
-    @classmethod
-    def _check_top_n_sigma(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if value <= 0:
-            raise ValueError(f"must be > 0 (omit it to turn top-n-sigma off), got {value}")
-        return value
-
-    @field_validator("typical_p")
-    @classmethod
-    def _check_typical_p(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"must be in (0, 1] (1 = off), got {value}")
-        return value
-
-    @field_validator("no_repeat_ngram_size")
-    @classmethod
-    def _check_ngram_size(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= MAX_NGRAM_SIZE:
-            raise ValueError(f"must be in [1, {MAX_NGRAM_SIZE}], got {value}")
-        return value
-
-    @field_validator("ngram_window")
-    @classmethod
-    def _check_ngram_window(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= MAX_PENALTY_WINDOW:
-            raise ValueError(f"must be in [1, {MAX_PENALTY_WINDOW}], got {value}")
         return value
 
     # ---- construction ------------------------------------------------------------------
