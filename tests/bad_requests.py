@@ -153,4 +153,38 @@ CORPUS: list[Bad] = [
         "json_schema",
         {"structured_outputs": {"type": "integer"}},
     ),
+    # the samplers: ranges, types, a modifier alone, breakers, aliases
+    Bad("dry-negative", {"dry_multiplier": -0.5}, "dry_multiplier"),
+    Bad("dry-base-below-one", {"dry_multiplier": 0.8, "dry_base": 0.9}, "dry_base"),
+    Bad("dry-base-alone", {"dry_base": 1.75}, "dry_base"),
+    Bad(
+        "dry-window-minus-two",
+        {"dry_multiplier": 0.8, "dry_penalty_last_n": -2},
+        "dry_penalty_last_n",
+    ),
+    Bad(
+        "dry-breaker-word",
+        {"dry_multiplier": 0.8, "dry_sequence_breakers": ["User:"]},
+        "dry_sequence_breakers",
+    ),
+    Bad(
+        "dry-breakers-string",
+        {"dry_multiplier": 0.8, "dry_sequence_breakers": "\n"},
+        "dry_sequence_breakers",
+    ),
+    Bad(
+        "xtc-threshold-above-half", {"xtc_probability": 0.5, "xtc_threshold": 0.6}, "xtc_threshold"
+    ),
+    Bad("xtc-threshold-alone", {"xtc_threshold": 0.1}, "xtc_threshold"),
+    Bad("xtc-nan", {"xtc_probability": NAN}, "xtc_probability"),
+    Bad("top-n-sigma-zero", {"top_n_sigma": 0}, "top_n_sigma"),
+    Bad("typical-p-zero", {"typical_p": 0}, "typical_p"),
+    Bad("ngram-size-zero", {"no_repeat_ngram_size": 0}, "no_repeat_ngram_size"),
+    Bad("ngram-window-alone", {"ngram_window": 10}, "ngram_window"),
+    Bad(
+        "ngram-whitelist-id",
+        {"no_repeat_ngram_size": 2, "ngram_whitelist": [151936]},
+        "ngram_whitelist",
+    ),
+    Bad("ngram-both-names", {"ngram_size": 3, "no_repeat_ngram_size": 3}, "ngram_size"),
 ]
