@@ -93,8 +93,9 @@ class TruncationProcessor(DualInterfaceProcessor):
 
         ``on_host``: the logits are a CPU block whose values may be read on the host."""
 
-    def row_params(self, rows: Rows) -> dict[str, torch.Tensor]:
-        """Per-row device values of every column for this call's rows."""
+    def row_params(self, rows: Rows, on_host: bool) -> dict[str, torch.Tensor]:
+        """Per-row device values of every column for this call's rows (``on_host``: for
+        ``HostRowsMask``, which selected its rows on the host already)."""
         return {name: self.slots.gather(name, rows) for name in self.slots.columns}
 
     def host_rows(self, rows: Rows, active: np.ndarray) -> np.ndarray:
@@ -109,7 +110,7 @@ class TensorMask:
         self.processor = processor
 
     def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-        low, high = self.processor.bounds(logits, self.processor.row_params(rows), False)
+        low, high = self.processor.bounds(logits, self.processor.row_params(rows, False), False)
         return mask_outside(logits, low, high)
 
 
@@ -125,7 +126,7 @@ class HostRowsMask:
         selected = processor.host_rows(rows, active)
         if selected.size == 0:
             return logits
-        params = processor.row_params(rows)
+        params = processor.row_params(rows, True)
         step = processor.ROWS_PER_BLOCK
         for start in range(0, selected.size, step):
             block = selected[start : start + step].tolist()

@@ -80,11 +80,12 @@ class XtcProcessor(TruncationProcessor):
             self.slots.payload[slot] = (len(tokens[0]), tokens[1])
         return True
 
-    def row_params(self, rows: Rows) -> dict[str, torch.Tensor]:
-        params = super().row_params(rows)
-        position = self.position_of(rows)
-        params["apply"] = uniform_hash(params["seed"], position) < params[self.PARAM]
-        return params
+    def row_params(self, rows: Rows, on_host: bool) -> dict[str, torch.Tensor]:
+        params = super().row_params(rows, on_host)
+        if not on_host:  # TensorMask: this step's draws, on the device
+            position = self.position_of(rows)
+            params["apply"] = uniform_hash(params["seed"], position) < params[self.PARAM]
+        return params  # HostRowsMask drew on the host already (host_rows)
 
     def host_rows(self, rows: Rows, active: np.ndarray) -> np.ndarray:
         """V1 on CPU: only the rows whose draw says XTC applies this step."""
