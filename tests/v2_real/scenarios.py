@@ -127,6 +127,58 @@ def admit_fresh(runner: V2Runner, req: Req, rng: random.Random) -> None:
     runner.admit(req, prefix_hit(rng, len(req.tokens)))
 
 
+def turn_over(
+    runner: V2Runner,
+    reqs: list[Req],
+    parked: list[Req],
+    rng: random.Random,
+    *,
+    max_output: int,
+    drop: float,
+    max_new: int,
+    make: Callable[[], Req],
+) -> set[str]:
+    """One step of a sampler scenario's request life: finish requests that are done (or, at
+    random, preempt them: parked with their output), resume a parked one now and then, admit
+    up to ``max_new`` new ones from ``make``. Returns the ids admitted this step."""
+    for req in list(reqs):
+        ended = len(req.output) >= max_output
+        if ended or rng.random() < drop:
+            runner.finish(req)
+            reqs.remove(req)
+            if not ended and req.output:
+                parked.append(req)
+    fresh: set[str] = set()
+    if parked and runner.num_admitted < runner.max_num_reqs and rng.random() < 0.4:
+        req = parked.pop(0)
+        reqs.append(req)
+        admit_fresh(runner, req, rng)
+        fresh.add(req.req_id)
+    for _ in range(rng.randint(0, max_new)):
+        if runner.num_admitted >= runner.max_num_reqs:
+            break
+        req = make()
+        reqs.append(req)
+        admit_fresh(runner, req, rng)
+        fresh.add(req.req_id)
+    return fresh
+
+
+def decode_plans(
+    reqs: list[Req],
+    fresh: set[str],
+    rng: random.Random,
+    num_spec: int,
+    drafts_for: Callable[[Req], list[int]],
+) -> dict[str, Plan]:
+    """Schedule each live request (new ones always, others 9 times in 10) with its drafts."""
+    plans: dict[str, Plan] = {}
+    for req in reqs:
+        if req.req_id in fresh or rng.random() < 0.9:
+            plans[req.req_id] = plan_for(req, rng, num_spec, drafts_for(req))
+    return plans
+
+
 # ---- 1. built-in equivalence -------------------------------------------------------------
 
 
@@ -631,35 +683,22 @@ def truncation_samplers() -> dict:
     }
     reqs: list[Req] = []
     parked: list[Req] = []
-    next_id = 0
+    ids = iter(range(1, 1 << 30))
+
+    def make() -> Req:
+        name = f"t{next(ids)}"
+        params = random_params(rng) if rng.random() < 0.8 else SamplingParams(temperature=1.0)
+        return Req(name, params, random_tokens(rng, rng.randint(2, 30), vocab))
+
     for step_no in range(50):
-        for req in list(reqs):
-            ended = len(req.output) >= 20
-            if ended or rng.random() < 0.06:
-                runner.finish(req)
-                reqs.remove(req)
-                if not ended and req.output:
-                    parked.append(req)
-        fresh: set[str] = set()
-        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
-            req = parked.pop(0)
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        for _ in range(rng.randint(0, 3)):
-            if runner.num_admitted >= capacity:
-                break
-            next_id += 1
-            params = random_params(rng) if rng.random() < 0.8 else SamplingParams(temperature=1.0)
-            req = Req(f"t{next_id}", params, random_tokens(rng, rng.randint(2, 30), vocab))
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        plans: dict[str, Plan] = {}
-        for req in reqs:
-            if req.req_id in fresh or rng.random() < 0.9:
-                drafts = random_tokens(rng, rng.choice([0, 1, num_spec]), vocab)
-                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        fresh = turn_over(runner, reqs, parked, rng, max_output=20, drop=0.06, max_new=3, make=make)
+        plans = decode_plans(
+            reqs,
+            fresh,
+            rng,
+            num_spec,
+            lambda req: random_tokens(rng, rng.choice([0, 1, num_spec]), vocab),
+        )
         if not plans:
             continue
         step = runner.prepare(plans)
@@ -741,43 +780,27 @@ def ngram_sampler() -> dict:
     }
     reqs: list[Req] = []
     parked: list[Req] = []
-    next_id = 0
+    ids = iter(range(1, 1 << 30))
+
+    def make() -> Req:
+        name = f"g{next(ids)}"
+        extra: dict | None = None
+        if rng.random() < 0.8:
+            extra = {"no_repeat_ngram_size": rng.choice([1, 2, 3, 4])}
+            if rng.random() < 0.5:
+                extra["ngram_window"] = rng.choice([2, 6, 16])
+            if rng.random() < 0.3:
+                extra["ngram_whitelist"] = rng.sample(range(vocab), 3)
+        params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
+        return Req(name, params, random_tokens(rng, rng.randint(2, 20), vocab))
+
+    def drafts_for(req: Req) -> list[int]:  # from the request's own tokens: repeats
+        pool = req.output[-6:] or req.prompt
+        return [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
+
     for step_no in range(50):
-        for req in list(reqs):
-            ended = len(req.output) >= 40
-            if ended or rng.random() < 0.05:
-                runner.finish(req)
-                reqs.remove(req)
-                if not ended and req.output:
-                    parked.append(req)
-        fresh: set[str] = set()
-        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
-            req = parked.pop(0)
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        for _ in range(rng.randint(0, 2)):
-            if runner.num_admitted >= capacity:
-                break
-            next_id += 1
-            extra: dict | None = None
-            if rng.random() < 0.8:
-                extra = {"no_repeat_ngram_size": rng.choice([1, 2, 3, 4])}
-                if rng.random() < 0.5:
-                    extra["ngram_window"] = rng.choice([2, 6, 16])
-                if rng.random() < 0.3:
-                    extra["ngram_whitelist"] = rng.sample(range(vocab), 3)
-            params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
-            req = Req(f"g{next_id}", params, random_tokens(rng, rng.randint(2, 20), vocab))
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        plans: dict[str, Plan] = {}
-        for req in reqs:
-            if req.req_id in fresh or rng.random() < 0.9:
-                pool = req.output[-6:] or req.prompt
-                drafts = [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
-                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        fresh = turn_over(runner, reqs, parked, rng, max_output=40, drop=0.05, max_new=2, make=make)
+        plans = decode_plans(reqs, fresh, rng, num_spec, drafts_for)
         if not plans:
             continue
         step = runner.prepare(plans)
@@ -862,47 +885,31 @@ def dry_sampler() -> dict:
     }
     reqs: list[Req] = []
     parked: list[Req] = []
-    next_id = 0
+    ids = iter(range(1, 1 << 30))
+
+    def make() -> Req:
+        name = f"d{next(ids)}"
+        extra: dict | None = None
+        if rng.random() < 0.8:
+            extra = {
+                "dry_multiplier": rng.choice([0.8, 2.0]),
+                "dry_base": rng.choice([1.1, 1.75, 3.0]),
+                "dry_allowed_length": rng.choice([1, 2, 3]),
+                "dry_penalty_last_n": rng.choice([-1, 8, 32]),
+            }
+            if rng.random() < 0.4:
+                extra["dry_sequence_breakers"] = rng.choice([["#"], ["%", "&"], []])
+        params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
+        prompt = random_tokens(rng, rng.randint(2, 6), vocab) * rng.randint(1, 4)
+        return Req(name, params, prompt)
+
+    def drafts_for(req: Req) -> list[int]:  # from the request's own tokens: repeats
+        pool = req.tokens[-5:]
+        return [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
+
     for step_no in range(45):
-        for req in list(reqs):
-            ended = len(req.output) >= 30
-            if ended or rng.random() < 0.05:
-                runner.finish(req)
-                reqs.remove(req)
-                if not ended and req.output:
-                    parked.append(req)
-        fresh: set[str] = set()
-        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
-            req = parked.pop(0)
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        for _ in range(rng.randint(0, 2)):
-            if runner.num_admitted >= capacity:
-                break
-            next_id += 1
-            extra: dict | None = None
-            if rng.random() < 0.8:
-                extra = {
-                    "dry_multiplier": rng.choice([0.8, 2.0]),
-                    "dry_base": rng.choice([1.1, 1.75, 3.0]),
-                    "dry_allowed_length": rng.choice([1, 2, 3]),
-                    "dry_penalty_last_n": rng.choice([-1, 8, 32]),
-                }
-                if rng.random() < 0.4:
-                    extra["dry_sequence_breakers"] = rng.choice([["#"], ["%", "&"], []])
-            params = SamplingParams(temperature=rng.choice([0.0, 1.0]), extra_args=extra)
-            prompt = random_tokens(rng, rng.randint(2, 6), vocab) * rng.randint(1, 4)
-            req = Req(f"d{next_id}", params, prompt)
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        plans: dict[str, Plan] = {}
-        for req in reqs:
-            if req.req_id in fresh or rng.random() < 0.9:
-                pool = req.tokens[-5:]
-                drafts = [rng.choice(pool) for _ in range(rng.choice([0, 1, 2, num_spec]))]
-                plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        fresh = turn_over(runner, reqs, parked, rng, max_output=30, drop=0.05, max_new=2, make=make)
+        plans = decode_plans(reqs, fresh, rng, num_spec, drafts_for)
         if not plans:
             continue
         step = runner.prepare(plans)
