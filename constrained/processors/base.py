@@ -61,10 +61,13 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, *runner_args: Any) -> None:
         self.vllm_config = vllm_config
         self.layout = layout_for(vllm_config, runner_args)
+        # False on a pipeline stage that never samples: the processor then ignores every
+        # request (no compiles, no token tracking) and is never applied (placement.py).
+        self.samples_here = self.layout.placement.samples
         self.logits_width = self.layout.logits_width
         self.slots = SlotTable(self.layout.capacity, self.layout.device, self.columns())
         self.slots.flush()
-        REPORTER.register(self)
+        REPORTER.register(self, self.layout.placement.tag)
 
     # ---- what a subclass provides ------------------------------------------------------
 
@@ -96,6 +99,8 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     # ---- shared slot bookkeeping -------------------------------------------------------
 
     def _add(self, slot: int, params: SamplingParams, tokens: Tokens = None) -> bool:
+        if not self.samples_here:
+            return False
         try:
             options = options_for_engine(params, self.logits_width)
         except OptionError as exc:
@@ -112,16 +117,17 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
-        for slot in batch_update.removed:
-            self.slots.clear(slot)
-        for slot, params, prompt_ids, output_ids in batch_update.added:
-            self._add(slot, params, (prompt_ids or [], output_ids))
-        for src, dst, direction in batch_update.moved:
-            if direction == MoveDirectionality.SWAP:
-                self.slots.swap(src, dst)
-            else:
-                self.slots.move(src, dst)
-        self.slots.flush()
+        if self.samples_here:
+            for slot in batch_update.removed:
+                self.slots.clear(slot)
+            for slot, params, prompt_ids, output_ids in batch_update.added:
+                self._add(slot, params, (prompt_ids or [], output_ids))
+            for src, dst, direction in batch_update.moved:
+                if direction == MoveDirectionality.SWAP:
+                    self.slots.swap(src, dst)
+                else:
+                    self.slots.move(src, dst)
+            self.slots.flush()
         REPORTER.tick()
 
     # ---- Model Runner V2 ---------------------------------------------------------------

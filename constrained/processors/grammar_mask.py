@@ -49,6 +49,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
+        if not self.samples_here:
+            return  # a pipeline stage that never samples: no vocabulary, no compiler
         self.vocab = load_vocab(tokenizer_path(vllm_config.model_config), self.logits_width)
         self.compiler = compiler_for(self.vocab)
         self.writer = MaskWriter(self.vocab.width, self.vocab.eos_token_id, self.layout.device)
@@ -73,6 +75,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         return True
 
     def update_state(self, batch_update: Any) -> None:
+        if not self.samples_here:
+            return super().update_state(batch_update)
         self.fill.before_update()
         super().update_state(batch_update)
         self.fill.after_update(batch_update)

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from constrained.processors.placement import placement_of
+
 T = TypeVar("T")
 
 
@@ -43,6 +45,7 @@ class V1Layout:
         self.capacity = int(vllm_config.scheduler_config.max_num_seqs)
         self.logits_width = int(vllm_config.model_config.get_vocab_size())
         self.req_states = None
+        self.placement = placement_of(vllm_config)
         # On CPU a "device" value is a host value: reading one costs no sync, so a processor
         # may branch on it (skip work, stop a loop early). Never under V2 (the GPU runner).
         self.host_reads_free = self.device.type == "cpu"
@@ -66,6 +69,7 @@ class V2Layout:
         self.capacity = int(req_states.max_num_reqs)
         self.logits_width = int(req_states.vocab_size)
         self.req_states = req_states
+        self.placement = placement_of(vllm_config)
         self.host_reads_free = False
 
     @staticmethod

@@ -6,6 +6,9 @@ default 1 s, from the batch-update hook) with what our processors hold: per proc
 slots in use and the per-request objects kept; the compile cache's entries; the process's
 resident memory. Unset (the default), it costs one attribute check per step.
 
+In a parallel engine each worker writes its own file, named after its place
+(``placement.py``): ``engine_stats.json`` becomes ``engine_stats.dp0-pp1-tp0.json``.
+
 Example snapshot::
 
     {"pid": 4242, "time": 1763700000.0, "rss_mb": 1830.5,
@@ -19,6 +22,7 @@ import json
 import os
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 from constrained.settings import settings
@@ -37,16 +41,22 @@ class StatsReporter:
         self._processors: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last = 0.0
         self._configured = path is not None
+        self.worker = ""
 
-    def _configure(self) -> None:
+    def _configure(self, worker_tag: str) -> None:
         if not self._configured:
             self._configured = True
             self.path = settings().stats_path
+            if self.path and worker_tag:  # one file per worker of a parallel engine
+                path = Path(self.path)
+                self.path = str(path.with_name(f"{path.stem}.{worker_tag}{path.suffix}"))
+            self.worker = worker_tag
             if self.interval_s is None:
                 self.interval_s = settings().stats_interval_s
 
-    def register(self, processor: Any) -> None:
-        self._configure()
+    def register(self, processor: Any, worker_tag: str = "") -> None:
+        """Track ``processor``; ``worker_tag`` names this worker of a parallel engine."""
+        self._configure(worker_tag)
         if self.path:
             self._processors.add(processor)
 
@@ -77,6 +87,7 @@ class StatsReporter:
         capacity = sum(c.cache_size for c in caches.values())
         return {
             "pid": os.getpid(),
+            "worker": self.worker,
             "time": time.time(),
             "rss_mb": _rss_mb(),
             "processors": processors,
