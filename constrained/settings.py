@@ -1,8 +1,10 @@
 """Every environment switch of the package, read once, at first use.
 
 Set them in the environment of the process that runs vLLM's engine (the server's, or the
-script that builds ``LLM``); engine workers inherit it. ``settings()`` reads them the first
-time it is called and keeps the answer; ``reset()`` forgets it (tests that change a switch).
+script that builds ``LLM``); engine workers inherit it (on several nodes under Ray, set
+``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CONSTRAINED_``: docs/scaling.md). ``settings()``
+reads them the first time it is called and keeps the answer; ``reset()`` forgets it (tests
+that change a switch).
 
 | variable | default | what it sets |
 |---|---|---|
@@ -10,7 +12,7 @@ time it is called and keeps the answer; ``reset()`` forgets it (tests that chang
 | ``CONSTRAINED_MAX_SCHEMA_BYTES`` | 4 MiB | largest ``json_schema`` accepted |
 | ``CONSTRAINED_MAX_REGEX_SIZE`` | 20000 | largest unrolled ``regex`` / schema ``pattern`` |
 | ``CONSTRAINED_ALLOWED_EXTRA_ARGS`` | (none) | ``extra_args`` keys of other plugins (``*``: any) |
-| ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our processors' state |
+| ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our state (one per worker) |
 | ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
 | ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
 """

@@ -83,6 +83,18 @@ def requests(prompt_words: int, max_tokens: int, copies: int = 1) -> list[dict[s
 _STEP_START = [0.0]
 
 
+def _current_run() -> str:
+    """Which of the runner's two runs (``options`` / ``plain``) is going on."""
+    try:
+        return (pathlib.Path(os.environ["PARALLEL_DIGEST_DIR"]) / "run").read_text()
+    except OSError:
+        return ""
+
+
+def _start_run(label: str) -> None:
+    (pathlib.Path(os.environ["PARALLEL_DIGEST_DIR"]) / "run").write_text(label)
+
+
 class StartClock(LogitsProcessor):
     """A test-only V1 processor registered first: notes when our processors start a step."""
 
@@ -131,9 +143,11 @@ class StepDigest(LogitsProcessor):
             if self.STAGE == "before_temperature"
             else None
         )
-        digest = hashlib.blake2b(logits.detach().cpu().numpy().tobytes(), digest_size=16)
-        line = {"worker": self.worker, "stage": self.STAGE, "step": self.step,
-                "sha": digest.hexdigest(), "ms": ms, "rows": int(logits.shape[0])}  # fmt: skip
+        sha = None
+        if os.environ.get("PARALLEL_DIGEST_HASH", "1") == "1":  # benchmarks time, not hash
+            sha = hashlib.blake2b(logits.cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        line = {"worker": self.worker, "stage": self.STAGE, "step": self.step, "sha": sha,
+                "ms": ms, "rows": int(logits.shape[0]), "run": _current_run()}  # fmt: skip
         with open(self.out, "a") as f:
             f.write(json.dumps(line) + "\n")
         self.step += 1
@@ -178,14 +192,21 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
         kwargs["enforce_eager"] = False
     llm = LLM(model=args.model, logits_processors=all_processors(), **kwargs)
     result: dict[str, Any] = {}
+    if args.warmup:  # compile the constraints and warm the kernels before anything is timed
+        _start_run("warmup")
+        warm = [SamplingParams(**{**r["params"], "max_tokens": 8}, extra_args=r["options"])
+                for r in reqs]  # fmt: skip
+        llm.generate([r["prompt"] for r in reqs], warm, use_tqdm=False)
     for label, with_options in (("options", True), ("plain", False)):
         params = [
             SamplingParams(**r["params"], extra_args=r["options"] if with_options else None)
             for r in reqs
         ]
-        began = time.perf_counter()
+        _start_run(label)
+        began, steps = time.perf_counter(), steps_so_far()
         outputs = llm.generate([r["prompt"] for r in reqs], params, use_tqdm=False)
         result[f"{label}_seconds"] = time.perf_counter() - began
+        result[f"{label}_steps"] = steps_so_far() - steps
         result[label] = [
             {"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
              "finish_reason": o.outputs[0].finish_reason}
@@ -264,10 +285,16 @@ def run_served(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
 
         result: dict[str, Any] = {}
         with ThreadPoolExecutor(len(reqs)) as pool:
+            if args.warmup:
+                _start_run("warmup")
+                warm = [{**r, "params": {**r["params"], "max_tokens": 8}} for r in reqs]
+                list(pool.map(lambda r: one(r, True), warm))
             for label, with_options in (("options", True), ("plain", False)):
-                began = time.perf_counter()
+                _start_run(label)
+                began, steps = time.perf_counter(), steps_so_far()
                 result[label] = list(pool.map(lambda r, w=with_options: one(r, w), reqs))
                 result[f"{label}_seconds"] = time.perf_counter() - began
+                result[f"{label}_steps"] = steps_so_far() - steps
         metrics = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
         result["preemptions"] = sum(
             float(line.rsplit(" ", 1)[1])
@@ -294,6 +321,15 @@ def _wait_healthy(server: subprocess.Popen, base: str, log_path: pathlib.Path) -
     raise RuntimeError(f"server not healthy in 400 s:\n{log_path.read_text()[-3000:]}")
 
 
+def steps_so_far() -> int:
+    """Decoding steps so far: the most any one worker has recorded (before temperature)."""
+    counts = [
+        sum('"before_temperature"' in line for line in path.read_text().splitlines())
+        for path in pathlib.Path(os.environ["PARALLEL_DIGEST_DIR"]).glob("digests-*.jsonl")
+    ]
+    return max(counts, default=0)
+
+
 def worker_records(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per worker: per stage, the logits digests of each step (and our processors' ms per
     step), and the worker's last state snapshot."""
@@ -302,8 +338,8 @@ def worker_records(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[str, Any
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             stages = digests.setdefault(rec["worker"], {})
-            stage = stages.setdefault(rec["stage"], {"sha": [], "ms": [], "rows": []})
-            for key in ("sha", "ms", "rows"):
+            stage = stages.setdefault(rec["stage"], {"sha": [], "ms": [], "rows": [], "run": []})
+            for key in ("sha", "ms", "rows", "run"):
                 stage[key].append(rec[key])
     stats = {}
     for path in sorted(workdir.glob("engine_stats*.json")):
@@ -332,6 +368,8 @@ def main() -> None:
                         help="serve over HTTP with this --data-parallel-size")  # fmt: skip
     parser.add_argument("--shard", default="0/1", help="run every N-th request from K (K/N)")
     parser.add_argument("--copies", type=int, default=1, help="the batch this many times")
+    parser.add_argument("--warmup", action="store_true",
+                        help="first run the batch with options for 8 tokens, untimed")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     workdir = pathlib.Path(args.out).parent

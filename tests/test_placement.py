@@ -83,3 +83,38 @@ def test_each_worker_writes_its_own_stats_file(tmp_path, monkeypatch) -> None:
         settings.reset()
     snap = json.loads((tmp_path / "engine_stats.dp0-pp1-tp0.json").read_text())
     assert snap["worker"] == "dp0-pp1-tp0"
+
+
+def test_unseeded_xtc_draws_agree_across_tensor_parallel_ranks() -> None:
+    """Each tensor-parallel rank has its own XTC processor; an unseeded request's seed comes
+    from a per-processor counter. Fed the same batch updates (as every rank is), two
+    processors must give every row the same seed and mask the same logits."""
+    import random
+
+    import torch
+
+    from constrained.processors.xtc import XtcProcessor
+    from tests.simulate import Request, V1Batch
+
+    ranks = [XtcProcessor(fake_vllm_config(8, VOCAB), "cpu", False) for _ in range(2)]
+    batch, rng = V1Batch(8, random.Random(3)), random.Random(4)
+    torch.manual_seed(0)
+    masked_rows = 0
+    for step in range(60):
+        new = [
+            Request(step * 10 + k, SamplingParams(temperature=1.0, extra_args={
+                "xtc_probability": 0.7, "xtc_threshold": 0.01}), [1, 2, step])
+            for k in range(rng.randint(0, 2))
+        ]  # fmt: skip
+        update = batch.step(new)
+        logits = torch.randn(len(batch.rows), VOCAB)
+        outs = []
+        for proc in ranks:
+            proc.update_state(update)
+            outs.append(proc.apply(logits.clone()))
+        assert torch.equal(ranks[0].slots.host["seed"], ranks[1].slots.host["seed"])
+        assert torch.equal(outs[0], outs[1])
+        masked_rows += int((outs[0] == float("-inf")).any(dim=1).sum())
+        for req in batch.rows:
+            req.output.append(rng.randrange(VOCAB))
+    assert masked_rows > 20, "XTC should have removed top tokens in many rows"
