@@ -100,6 +100,18 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "recycled_slots": 15,
         "resumed": 5,
     },
+    "tensor_parallel_ranks": {
+        "compared_steps": 30,
+        "rows": 350,
+        "constrained_rows": 80,
+        "unseeded_xtc_rows": 30,
+        "plain_rows": 30,
+        "draft_rows": 120,
+        "placeholder_rows": 15,
+        "multi_call_steps": 5,
+        "recycled_slots": 15,
+        "resumed": 3,
+    },
     "ngram_sampler": {
         "ngram_rows": 380,
         "ngram_rows_banning": 120,
@@ -204,3 +216,12 @@ def test_dry_sampler() -> None:
     calls; bit for bit, after vLLM's own temperature; no host reads."""
     counts = check_counts("dry_sampler")
     assert counts["host_fetches"] == 0, counts
+
+
+def test_tensor_parallel_ranks() -> None:
+    """Two sets of our processors, as two tensor-parallel ranks build them, driven through the
+    same steps of vLLM's real V2 sampler hand on bit-identical logits at every row of every
+    step: every option kind mixed (grammars, unseeded XTC, penalties, DRY, no-repeat-ngram,
+    min-p), drafts, placeholders, chunked prefill, preemption; no host reads beyond the
+    grammar mask's fetch."""
+    check_counts("tensor_parallel_ranks")

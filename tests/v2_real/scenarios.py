@@ -957,6 +957,101 @@ def dry_sampler() -> dict:
     return stats
 
 
+# ---- 7. tensor-parallel ranks ------------------------------------------------------------
+
+
+@scenario
+def tensor_parallel_ranks() -> dict:
+    """Two ranks' processors agree bit for bit: under tensor parallelism every rank builds its
+    own processors and samples the same all-gathered logits, so two V2 samplers (two sets of
+    our processors, built one after the other in one process, as two ranks would build
+    theirs) driven through the same steps must hand on identical logits at every row of every
+    step. Catches any state shared between instances or keyed on anything but the requests
+    (XTC's unseeded counter, compile caches, worker threads). Every option kind mixed, at the
+    tiny model's width; drafts, placeholders, chunked prefill, preemption, chunked calls."""
+    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH
+    from tests.test_truncation_samplers import random_params
+
+    capacity, num_spec = 8, 2
+    started = time.monotonic()
+
+    def options(rng: random.Random) -> SamplingParams:
+        params = random_params(rng)  # top-n-sigma / typical-p / XTC, seeded or not
+        extra = dict(params.extra_args or {})
+        if rng.random() < 0.3:
+            extra.update(rng.choice(CONSTRAINTS))
+        if rng.random() < 0.4:
+            extra.update(solo_options(rng, WIDTH))
+        if rng.random() < 0.3:
+            extra["dry_multiplier"] = 0.8
+        if rng.random() < 0.3:
+            extra["no_repeat_ngram_size"] = rng.choice([1, 2, 3])
+        if rng.random() < 0.3:
+            extra["min_p"] = 0.1
+        if rng.random() < 0.15:
+            extra = {}
+        return SamplingParams(temperature=params.temperature, seed=params.seed,
+                              extra_args=extra or None)  # fmt: skip
+
+    def one_rank() -> tuple[list[torch.Tensor], dict]:
+        rng = random.Random(21)
+        torch.manual_seed(21)
+        config = harness.make_vllm_config(capacity, num_spec, 256, 512)
+        runner = V2Runner(
+            config,
+            max_num_reqs=capacity,
+            vocab_size=WIDTH,
+            num_spec=num_spec,
+            max_model_len=256,
+            max_num_batched_tokens=512,
+        )
+        seen = {"rows": 0, "unseeded_xtc_rows": 0, "constrained_rows": 0, "plain_rows": 0}
+        reqs: list[Req] = []
+        parked: list[Req] = []
+        ids = iter(range(1, 1 << 30))
+        processed_steps = []
+
+        def make() -> Req:
+            return Req(f"r{next(ids)}", options(rng), random_tokens(rng, rng.randint(2, 20), 5000))
+
+        for _ in range(36):
+            fresh = turn_over(runner, reqs, parked, rng, max_output=14, drop=0.06, max_new=3,
+                              make=make)  # fmt: skip
+
+            def drafts(req: Req) -> list[int]:
+                return random_tokens(rng, rng.choice([0, num_spec]), 5000)
+
+            plans = decode_plans(reqs, fresh, rng, num_spec, drafts)
+            if not plans:
+                continue
+            step = runner.prepare(plans)
+            logits = torch.randn(step.num_rows, WIDTH) * 3.0
+            processed = runner.process(step, logits.clone(), rng.choice([None, None, 3]))
+            processed_steps.append(processed.clone())
+            for row in step.rows:
+                extra = row.req.params.extra_args or {}
+                seen["rows"] += 1
+                seen["plain_rows"] += not extra
+                seen["constrained_rows"] += bool(extra.keys() & {"regex", "json_schema", "grammar"})
+                seen["unseeded_xtc_rows"] += bool(extra.get("xtc_probability")) and (
+                    row.req.params.seed is None)  # fmt: skip
+            runner.commit(step, sample_step(step, processed, rng))
+        seen.update(vars(runner.counters))
+        seen.update(runner.sync_guard.counts())
+        return processed_steps, seen
+
+    first, stats = one_rank()
+    second, _ = one_rank()
+    check(len(first) == len(second), f"ranks ran {len(first)} and {len(second)} steps")
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        rows = (a != b) & ~(a.isnan() & b.isnan())
+        where = rows.any(dim=1).nonzero().flatten().tolist()
+        check(not bool(rows.any()), f"step {i}: ranks differ in rows {where}")
+    stats["compared_steps"] = len(first)
+    stats["setup_seconds"] = round(time.monotonic() - started, 1)
+    return stats
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SCENARIOS:
         print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")
