@@ -3,7 +3,8 @@
 vLLM builds one set of processors per worker. Under tensor parallelism every rank computes the
 full logits (all-gathered) and samples them itself, so every rank must apply our processors
 identically; they do, because each rank sees the same requests, the same batch updates and the
-same logits (seeded draws come from the request, never from rank-local state). Under pipeline
+same logits, and no draw depends on the rank (XTC hashes the request's seed and position; an
+unseeded request's seed comes from a counter every rank advances alike). Under pipeline
 parallelism only the last stage computes logits and samples (unless the engine runs under an
 external launcher, which broadcasts logits to every stage); the other stages still receive
 batch updates, so a processor there would compile grammars and track tokens for nothing.
