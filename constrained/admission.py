@@ -32,12 +32,13 @@ class AdmissionUnavailable(RuntimeError):
     """vLLM's internals moved: the served model's config cannot be found at admission."""
 
 
-def model_config_at_admission() -> Any:
-    """The served model's ``ModelConfig``, from vLLM's ``InputProcessor`` on the call stack.
+def input_processor_at_admission() -> Any:
+    """vLLM's ``InputProcessor`` running this admission, found on the call stack.
 
     ``validate_params`` is a classmethod that vLLM calls with only the request's parameters;
-    the model config (logits width, tokenizer, registered processors) lives on the
-    ``InputProcessor`` that calls it (``InputProcessor._validate_params`` in vLLM 0.32/0.33).
+    the model config (logits width, tokenizer, registered processors) and the loaded tokenizer
+    live on the ``InputProcessor`` that calls it (``InputProcessor._validate_params`` in vLLM
+    0.32/0.33).
 
     Raises:
         AdmissionUnavailable: no ``InputProcessor`` within a few frames (vLLM changed how it
@@ -54,7 +55,7 @@ def model_config_at_admission() -> Any:
                 break
             owner = frame.f_locals.get("self")
             if isinstance(owner, InputProcessor) and isinstance(owner.model_config, ModelConfig):
-                return owner.model_config
+                return owner
     finally:
         del frame
     raise AdmissionUnavailable(
@@ -63,6 +64,20 @@ def model_config_at_admission() -> Any:
         "This vLLM version calls logits-processor validation differently from 0.32/0.33; "
         "please report it with your vLLM version."
     )
+
+
+def model_config_at_admission() -> Any:
+    """The served model's ``ModelConfig`` (see ``input_processor_at_admission``)."""
+    return input_processor_at_admission().model_config
+
+
+def loaded_tokenizer(input_processor: Any) -> Any:
+    """The tokenizer vLLM's frontend already loaded, or None (so the vocabulary is not loaded
+    a second time in this process; ``load_vocab`` uses it only if it is a fast HF one)."""
+    try:
+        return input_processor.tokenizer
+    except Exception:  # no tokenizer (skip_tokenizer_init) or vLLM moved it
+        return None
 
 
 # ---- which of our options this engine applies ---------------------------------------------
@@ -135,7 +150,7 @@ def tokenizer_path(model_config: Any) -> str:
     return str(getattr(model_config, "tokenizer", None) or model_config.model)
 
 
-def compile_constraint(options: Options, model_config: Any) -> None:
+def compile_constraint(options: Options, model_config: Any, tokenizer: Any = None) -> None:
     """Compile the request's constraint (if any) with the served tokenizer, or refuse it.
 
     The compile is cached, so the engine's own compile of the same constraint is a hit.
@@ -148,7 +163,8 @@ def compile_constraint(options: Options, model_config: Any) -> None:
     spec = spec_of(options)
     if spec is None:
         return
-    vocab = load_vocab(tokenizer_path(model_config), int(model_config.get_vocab_size()))
+    width = int(model_config.get_vocab_size())
+    vocab = load_vocab(tokenizer_path(model_config), width, hf_tokenizer=tokenizer)
     try:
         compiler_for(vocab).compile(spec)
     except GrammarError as exc:
@@ -160,31 +176,35 @@ def compile_constraint(options: Options, model_config: Any) -> None:
 # ---- the three entry points -----------------------------------------------------------------
 
 
-def _check(options: Options | None, model_config: Any) -> None:
+def _check(options: Options | None, model_config: Any, tokenizer: Any = None) -> None:
     if options is None:
         return
     registered = getattr(model_config, "logits_processors", None) or ()
     refuse_unregistered(options, registered)
-    compile_constraint(options, model_config)
+    compile_constraint(options, model_config, tokenizer)
 
 
-def admit(params: Any, model_config: Any) -> None:
+def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
     """Every admission check for one request's ``SamplingParams``.
 
     Raises:
         OptionError: the first problem, naming the option.
     """
     width = int(model_config.get_vocab_size())
-    _check(options_from_params(params, logits_width=width), model_config)
+    _check(options_from_params(params, logits_width=width), model_config, tokenizer)
 
 
 def validate_at_admission(params: Any) -> None:
     """What every processor's ``validate_params`` runs."""
-    admit(params, model_config_at_admission())
+    owner = input_processor_at_admission()
+    admit(params, owner.model_config, loaded_tokenizer(owner))
 
 
-def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
-    """The error admission would give these ``vllm_xargs``, or ``None`` (streaming check)."""
+def check_xargs(xargs: Any, vllm_config: Any = None, tokenizer: Any = None) -> str | None:
+    """The error admission would give these ``vllm_xargs``, or ``None`` (server middleware).
+
+    Compiles the constraint (cached, and saved to the store), so vLLM's own admission of the
+    same request, on the event loop, finds it compiled."""
     if not isinstance(xargs, dict):
         return None  # vLLM's request model refuses it
     model_config = getattr(vllm_config, "model_config", None)
@@ -192,7 +212,7 @@ def check_xargs(xargs: Any, vllm_config: Any = None) -> str | None:
     try:
         options = parse_extra_args(xargs, logits_width=width)
         if model_config is not None:
-            _check(options, model_config)
+            _check(options, model_config, tokenizer)
     except OptionError as exc:
         return str(exc)
     except Exception:  # anything unexpected: let the engine's own check answer

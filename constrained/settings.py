@@ -15,6 +15,8 @@ that change a switch).
 | ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our state (one per worker) |
 | ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
 | ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
+| ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars shared (``off``) |
+| ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Settings:
     stats_path: str | None = None
     stats_interval_s: float = 1.0
     cache_dir: Path = Path.home() / ".cache" / "constrained"
+    # None: no compiled-grammar store (each process compiles for itself).
+    grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
+    grammar_store_mb: int = 1024
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -55,6 +60,7 @@ def _from_environment() -> Settings:
     keys = frozenset(
         k.strip() for k in os.environ.get("CONSTRAINED_ALLOWED_EXTRA_ARGS", "").split(",")
     ) - {""}
+    cache_dir = Path(os.environ.get("CONSTRAINED_CACHE") or defaults.cache_dir)
     return Settings(
         compile_timeout_s=_number(
             "CONSTRAINED_COMPILE_TIMEOUT_S", float, defaults.compile_timeout_s
@@ -64,8 +70,17 @@ def _from_environment() -> Settings:
         allowed_extra_args=None if "*" in keys else keys,
         stats_path=os.environ.get("CONSTRAINED_STATS_PATH") or None,
         stats_interval_s=_number("CONSTRAINED_STATS_INTERVAL_S", float, defaults.stats_interval_s),
-        cache_dir=Path(os.environ.get("CONSTRAINED_CACHE") or defaults.cache_dir),
+        cache_dir=cache_dir,
+        grammar_store=_store_dir(cache_dir),
+        grammar_store_mb=_number("CONSTRAINED_GRAMMAR_STORE_MB", int, defaults.grammar_store_mb),
     )
+
+
+def _store_dir(cache_dir: Path) -> Path | None:
+    raw = os.environ.get("CONSTRAINED_GRAMMAR_STORE", "").strip()
+    if raw.lower() == "off":
+        return None
+    return Path(raw) if raw else cache_dir / "grammars"
 
 
 @functools.cache

@@ -1,14 +1,19 @@
-"""Server middleware: a streaming request with bad ``vllm_xargs`` gets HTTP 400, not a stream.
+"""Server middleware: ``vllm_xargs`` checked and compiled off the event loop, before vLLM.
 
-vLLM validates logits-processor options when the request reaches the engine client, which for
-``"stream": true`` is after the HTTP 200 and the first bytes of the event stream: the error
-arrives as a ``data: {"error": {..., "code": 400}}`` event. Our launcher registers this
-middleware (vLLM's ``--middleware``) so such requests are checked first, the same way the
-engine will check them (options parsed, constraint compiled with the served tokenizer, in a
-worker thread, not on the event loop) and refused with a 400 naming the field. Requests that
-pass go on unchanged; the compile is cached, so the engine's own check costs nothing more.
-Conflicts with vLLM's own fields (``min_p`` set twice...) are still refused by the engine's
-check, inside the stream.
+Two jobs, for every completions / chat request that carries ``vllm_xargs``:
+
+- **Streaming requests with bad options get HTTP 400, not a stream.** vLLM validates
+  logits-processor options when the request reaches the engine client, which for
+  ``"stream": true`` is after the HTTP 200 and the first bytes of the event stream: the error
+  would arrive as a ``data: {"error": {..., "code": 400}}`` event. Checked here first, the same
+  way the engine's admission checks them, such requests are refused with a 400 naming the field.
+- **A slow compile never blocks the event loop.** vLLM runs admission (``validate_params``)
+  on the server's event loop for rendered prompts, so a constraint that takes seconds to
+  compile would hold every other request's admission and streamed tokens for that long. Here
+  it compiles in a worker thread; vLLM's admission then finds it in the cache.
+
+Requests that pass go on unchanged. Conflicts with vLLM's own fields (``min_p`` set
+twice...) are still refused by vLLM's admission (inside the stream, for streaming requests).
 """
 
 from __future__ import annotations
@@ -20,9 +25,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from constrained.admission import check_xargs
+from constrained.admission import check_xargs, loaded_tokenizer
 
 CHECKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def frontend_tokenizer(state: Any) -> Any:
+    """The tokenizer vLLM's API process already loaded, or None."""
+    input_processor = getattr(getattr(state, "engine_client", None), "input_processor", None)
+    return loaded_tokenizer(input_processor) if input_processor is not None else None
 
 
 async def refuse_bad_streaming_options(request: Request, call_next: Any) -> Response:
@@ -32,10 +43,12 @@ async def refuse_bad_streaming_options(request: Request, call_next: Any) -> Resp
             data = json.loads(body)
         except ValueError:
             data = None  # vLLM answers malformed JSON itself
-        if isinstance(data, dict) and data.get("stream") and data.get("vllm_xargs"):
-            config = getattr(request.app.state, "vllm_config", None)
-            message = await asyncio.to_thread(check_xargs, data["vllm_xargs"], config)
-            if message is not None:
+        if isinstance(data, dict) and data.get("vllm_xargs"):
+            state = request.app.state
+            config = getattr(state, "vllm_config", None)
+            tokenizer = frontend_tokenizer(state)
+            message = await asyncio.to_thread(check_xargs, data["vllm_xargs"], config, tokenizer)
+            if message is not None and data.get("stream"):
                 error = {"message": message, "type": "BadRequestError", "param": None,
                          "code": 400}  # fmt: skip
                 return JSONResponse({"error": error}, status_code=400)

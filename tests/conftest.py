@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every run starts with an empty compiled-grammar store (servers and engines started by the
+# tests inherit it), so what a test sees never depends on an earlier run.
+os.environ.setdefault("CONSTRAINED_GRAMMAR_STORE", tempfile.mkdtemp(prefix="constrained-store-"))
 
 import pytest
 

@@ -167,3 +167,24 @@ def test_bad_constraints_get_400_naming_the_field(client, xargs, field):
     assert info.value.status_code == 400
     assert f"'{field}'" in str(info.value)
     assert complete(client, {"regex": "[a-z]{3}"}, max_tokens=10).choices[0].text.isalpha()
+
+
+def test_engine_loads_what_admission_compiled(client, served):
+    """Compile once: the API process compiles each new constraint at admission (in a worker
+    thread, via the middleware) and saves it; the engine process loads it, never compiles."""
+    from tests.soak import engine_snapshot
+
+    before = engine_snapshot(served)["compile_cache"]
+    fresh = [
+        ({"json_schema": json.dumps({"type": "array", "items": {"const": "x"}, "maxItems": 2}),
+          "grammar_backend": backend}, stream)
+        for backend, stream in [("llguidance", False), ("xgrammar", True), ("outlines", False)]
+    ] + [({"regex": r"z{1,3}q"}, True)]  # fmt: skip
+    for xargs, stream in fresh:
+        response = complete(client, xargs, max_tokens=16, stream=stream)
+        chunks = list(response) if stream else [response]
+        text = "".join(c.choices[0].text for c in chunks)
+        assert chunks[-1].choices[0].finish_reason == "stop", (xargs, text)
+    after = engine_snapshot(served)["compile_cache"]
+    assert after["compiled"] == 0, after  # this whole session: the engine compiled nothing
+    assert after["loaded"] >= before["loaded"] + len(fresh), (before, after)

@@ -28,6 +28,17 @@ class CompiledGrammar(Protocol):
     def matcher(self) -> Matcher: ...
 
 
+def library_version(distribution: str) -> Callable[[], str]:
+    """``Backend.version`` for a backend that is the installed package ``distribution``."""
+
+    def version() -> str:
+        from importlib.metadata import version as installed
+
+        return f"{distribution}=={installed(distribution)}"
+
+    return version
+
+
 def refuses_nothing(schema: Any) -> tuple[str, str] | None:
     """For a backend that refuses, itself and by name, every keyword it does not enforce."""
     return None
@@ -49,9 +60,17 @@ class Backend:
             the backend would not enforce, else ``None``; checked before ``compile``.
         refused_keyword: the JSON-schema keyword one of its compile errors names, if any
             (``auto`` names it when no backend enforces a schema).
+        version: the installed library's version; part of a stored grammar's key, so a
+            grammar compiled by another version is never loaded.
+        dump: ``compiled -> bytes``, what the store keeps of a compiled grammar.
+        load: ``(bytes, vocab) -> CompiledGrammar``, the inverse, without compiling again;
+            raises on bytes it cannot read (the store then compiles).
     """
 
     name: str
     compile: Callable[[GrammarSpec, Vocab], CompiledGrammar]
+    version: Callable[[], str]
+    dump: Callable[[Any], bytes]
+    load: Callable[[bytes, Vocab], CompiledGrammar]
     refusal: Callable[[Any], tuple[str, str] | None] = refuses_nothing
     refused_keyword: Callable[[GrammarError], str | None] = keyword_attribute

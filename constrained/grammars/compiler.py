@@ -1,31 +1,44 @@
 """Compiling a spec: now, in this thread (``compile_now``), or off the hot path
-(``GrammarCompiler``: the cache, worker threads and a time limit).
+(``GrammarCompiler``: the cache, the compiled-grammar store, worker threads and a time limit).
 
 ``GrammarCompiler.submit`` returns a future at once (a cache hit is already done), so the
 processor can start compiles when requests join and collect them when their rows need a
 mask. ``compile`` waits at most ``settings().compile_timeout_s`` seconds
 (``CONSTRAINED_COMPILE_TIMEOUT_S``); a compile that runs longer is an error for that request
 only (it finishes in the background and its result is dropped).
+
+Compile once: a spec missing from the in-process cache is first looked up in the store
+(``store.py``, ``CONSTRAINED_GRAMMAR_STORE``), where admission saved it in the frontend
+process; only a miss compiles, and saves what it compiled before the future completes, so a
+request admitted is always found by the engine that receives it. ``compiled`` and ``loaded``
+count each; the engine's stats report them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any
 
 from constrained.grammars.auto import compile_auto, compile_with
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.cache import CompileCache
 from constrained.grammars.errors import GrammarError
-from constrained.grammars.registry import AUTO
+from constrained.grammars.registry import AUTO, BACKENDS, get_backend
 from constrained.grammars.schema_input import close_objects
 from constrained.grammars.size_guard import refuse_huge_regexes
 from constrained.grammars.spec import GrammarSpec
+from constrained.grammars.store import GrammarStore, store_key
 from constrained.grammars.vocab import Vocab
 from constrained.settings import settings
+
+logger = logging.getLogger(__name__)
 
 COMPILE_TIMEOUT_ENV = "CONSTRAINED_COMPILE_TIMEOUT_S"
 CACHE_SIZE = 512
@@ -48,20 +61,75 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     return compile_auto(spec, vocab)
 
 
-class GrammarCompiler:
-    """Per-vocabulary compile cache (LRU) with a worker pool."""
+@functools.cache
+def code_fingerprint() -> str:
+    """A SHA-256 of this package's grammar code and the backends' versions: a stored grammar
+    from other refusal rules or another backend version is never loaded."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    for backend in BACKENDS:
+        digest.update(backend.version().encode())
+    return digest.hexdigest()
 
-    def __init__(self, vocab: Vocab, max_workers: int = 2, cache_size: int = CACHE_SIZE) -> None:
+
+def default_store() -> GrammarStore | None:
+    """The store the settings name, or None when it is off."""
+    config = settings()
+    if config.grammar_store is None:
+        return None
+    return GrammarStore(config.grammar_store, config.grammar_store_mb * 1024 * 1024)
+
+
+class GrammarCompiler:
+    """Per-vocabulary compile cache (LRU) with a worker pool, over the compiled-grammar store.
+
+    Attributes:
+        compiled: grammars this process compiled.
+        loaded: grammars it loaded from the store instead.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        max_workers: int = 2,
+        cache_size: int = CACHE_SIZE,
+        store: GrammarStore | None = None,
+    ) -> None:
         self.vocab = vocab
         self.cache_size = cache_size
+        self.store = store
+        self.compiled = 0
+        self.loaded = 0
         self._cache = CompileCache(cache_size)
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="constrained-compile")
 
     def submit(self, spec: GrammarSpec) -> Future:
         """A future of the compiled grammar; a cached one when this spec was seen."""
-        return self._cache.get_or_start(
-            spec, lambda: self._pool.submit(compile_now, spec, self.vocab)
-        )
+        start = lambda: self._pool.submit(self._load_or_compile, spec)  # noqa: E731
+        return self._cache.get_or_start(spec, start)
+
+    def _load_or_compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if self.store is None:
+            compiled = compile_now(spec, self.vocab)
+            self.compiled += 1
+            return compiled
+        key = store_key(code_fingerprint(), self.vocab.fingerprint(), repr(spec))
+        found = self.store.load(key)
+        if found is not None:
+            name, payload = found
+            try:
+                grammar = get_backend(name).load(payload, self.vocab)
+            except Exception as exc:  # unreadable for this backend: compile it again
+                logger.warning("constrained: a stored %s grammar did not load (%s)", name, exc)
+            else:
+                self.loaded += 1
+                return grammar
+        compiled = compile_now(spec, self.vocab)
+        self.compiled += 1
+        backend = get_backend(compiled.backend)
+        self.store.save(key, backend.name, backend.dump(compiled))
+        return compiled
 
     def cache_len(self) -> int:
         """Compiles held (done or running); at most ``cache_size``."""
@@ -93,7 +161,7 @@ def compiler_for(vocab: Vocab) -> GrammarCompiler:
     with _COMPILERS_LOCK:
         compiler = _COMPILERS.get(vocab.key)
         if compiler is None:
-            compiler = _COMPILERS[vocab.key] = GrammarCompiler(vocab)
+            compiler = _COMPILERS[vocab.key] = GrammarCompiler(vocab, store=default_store())
         return compiler
 
 

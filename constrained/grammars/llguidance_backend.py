@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from constrained.grammars.backend import Backend
+from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.errors import GrammarError
 
 if TYPE_CHECKING:
@@ -55,26 +55,36 @@ def grammar_text(spec: GrammarSpec) -> str:
 
 
 class LLGuidanceGrammar:
-    """A checked llguidance grammar; matchers are built from it per request."""
+    """A checked llguidance grammar text; matchers are built from it per request."""
 
     backend = NAME
 
-    def __init__(self, spec: GrammarSpec, vocab: Vocab) -> None:
-        from llguidance import LLMatcher
-
+    def __init__(self, text: str, vocab: Vocab) -> None:
         self.vocab = vocab
-        self.text = grammar_text(spec)
-        tokenizer = vocab.llguidance()
-        error = LLMatcher.validate_grammar(self.text, tokenizer)
-        if error:
-            raise GrammarError(NAME, _short(error))
-        # Building the first matcher does the lexer work; a broken grammar shows here too.
-        probe = LLMatcher(tokenizer, self.text, log_level=0)
-        if probe.is_error():
-            raise GrammarError(NAME, _short(probe.get_error()))
+        self.text = text
 
     def matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self)
+
+
+def compile_grammar(spec: GrammarSpec, vocab: Vocab) -> LLGuidanceGrammar:
+    """The checked grammar of ``spec``; raises ``GrammarError`` with llguidance's reason."""
+    from llguidance import LLMatcher
+
+    text = grammar_text(spec)
+    if spec.kind != "grammar":
+        error = LLMatcher.validate_grammar(text, None)
+        if error:
+            raise GrammarError(NAME, _short(error))
+        return LLGuidanceGrammar(text, vocab)
+    tokenizer = vocab.llguidance()
+    error = LLMatcher.validate_grammar(text, tokenizer)
+    if error:
+        raise GrammarError(NAME, _short(error))
+    probe = LLMatcher(tokenizer, text, log_level=0)  # token names resolve here
+    if probe.is_error():
+        raise GrammarError(NAME, _short(probe.get_error()))
+    return LLGuidanceGrammar(text, vocab)
 
 
 class LLGuidanceMatcher:
@@ -135,4 +145,11 @@ def refused_keyword(error: GrammarError) -> str | None:
     return found.group(1) if found else None
 
 
-BACKEND = Backend(NAME, LLGuidanceGrammar, refused_keyword=refused_keyword)
+BACKEND = Backend(
+    NAME,
+    compile_grammar,
+    version=library_version("llguidance"),
+    dump=lambda grammar: grammar.text.encode(),
+    load=lambda payload, vocab: LLGuidanceGrammar(payload.decode(), vocab),
+    refused_keyword=refused_keyword,
+)

@@ -23,10 +23,10 @@ import os
 import select
 import signal
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from constrained.grammars.allow_list import AllowList
-from constrained.grammars.backend import Backend
+from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
 
@@ -99,9 +99,12 @@ def schema_regex(spec: GrammarSpec) -> str:
 class OutlinesGrammar:
     backend = NAME
 
-    def __init__(self, spec: GrammarSpec, vocab: Vocab) -> None:
+    def __init__(self, spec: GrammarSpec | None, vocab: Vocab, index: Any = None) -> None:
         from outlines_core import Index
 
+        if spec is None:  # loaded from the store
+            self.vocab, self.index = vocab, index
+            return
         if spec.kind == "grammar":
             raise GrammarError(NAME, "outlines-core supports json_schema and regex, not grammar")
         regex = schema_regex(spec) if spec.kind == "json_schema" else spec.source
@@ -166,4 +169,22 @@ class OutlinesMatcher:
             self.finished = False
 
 
-BACKEND = Backend(NAME, OutlinesGrammar, refusal=RULES.refusal)
+def _dump(grammar: OutlinesGrammar) -> bytes:
+    _, (payload,) = grammar.index.__reduce__()  # (Index.from_binary, (bytes,))
+    return payload
+
+
+def _load(payload: bytes, vocab: Vocab) -> OutlinesGrammar:
+    from outlines_core import Index
+
+    return OutlinesGrammar(None, vocab, Index.from_binary(payload))
+
+
+BACKEND = Backend(
+    NAME,
+    OutlinesGrammar,
+    version=library_version("outlines_core"),
+    dump=_dump,
+    load=_load,
+    refusal=RULES.refusal,
+)

@@ -32,9 +32,9 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
     """Masks tokens a request's JSON schema, regex or grammar does not allow.
 
     Formula: ``l'[t] = l[t]`` if the constraint allows ``t`` next, else ``-inf``; ids past
-    the tokenizer are never allowed. Compiles are cached per (constraint, backend,
-    whitespace, tokenizer) and run in worker threads; the first request with a new schema
-    pays its compile at admission (``validate_params``), within the time limit.
+    the tokenizer are never allowed. A constraint is compiled once, at admission
+    (``validate_params``, within the time limit); the engine loads that compiled grammar from
+    the store (``grammars/store.py``) in a worker thread when the request joins.
 
     Example::
 
@@ -52,6 +52,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if not self.samples_here:
             return  # a pipeline stage that never samples: no vocabulary, no compiler
         self.vocab = load_vocab(tokenizer_path(vllm_config.model_config), self.logits_width)
+        self.vocab.warm_in_background()  # ready long before the first request, not in its way
         self.compiler = compiler_for(self.vocab)
         self.writer = MaskWriter(self.vocab.width, self.vocab.eos_token_id, self.layout.device)
         fill = self.layout.pick(V1MaskFill, V2MaskFill)

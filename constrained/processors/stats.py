@@ -13,7 +13,7 @@ Example snapshot::
 
     {"pid": 4242, "time": 1763700000.0, "rss_mb": 1830.5,
      "processors": {"GrammarMaskProcessor": {"active_slots": 3, "payloads": 3, "capacity": 64}},
-     "compile_cache": {"entries": 17, "capacity": 512}}
+     "compile_cache": {"entries": 17, "capacity": 512, "compiled": 0, "loaded": 17}}
 """
 
 from __future__ import annotations
@@ -91,7 +91,13 @@ class StatsReporter:
             "time": time.time(),
             "rss_mb": _rss_mb(),
             "processors": processors,
-            "compile_cache": {"entries": entries, "capacity": capacity},
+            "compile_cache": {
+                "entries": entries,
+                "capacity": capacity,
+                # compiled here vs loaded from the store (what admission compiled)
+                "compiled": sum(c.compiled for c in caches.values()),
+                "loaded": sum(c.loaded for c in caches.values()),
+            },
         }
 
     def write(self) -> None:

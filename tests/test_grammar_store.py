@@ -1,0 +1,202 @@
+"""The compiled-grammar store: admission compiles once, every other process loads.
+
+Two ``GrammarCompiler``s over one store stand for the frontend (admission) and the engine
+process; the real two-process path (vLLM's API server and engine) is checked in
+``test_server.py::test_engine_loads_what_admission_compiled``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from constrained.grammars import GrammarSpec, load_vocab
+from constrained.grammars.compiler import GrammarCompiler, default_store
+from constrained.grammars.matcher import words_for
+from constrained.grammars.store import GrammarStore, store_key
+from constrained.settings import reset
+
+WIDTH = 151_936
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+)
+SPECS = [
+    GrammarSpec("json_schema", SCHEMA, backend="llguidance"),
+    GrammarSpec("json_schema", SCHEMA, backend="xgrammar"),
+    GrammarSpec("json_schema", SCHEMA, backend="outlines"),
+    GrammarSpec("regex", r"[a-c]{2}\d{1,3}"),
+    GrammarSpec("grammar", 'root ::= "yes" | "no"'),
+]
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_model_dir: str):
+    return load_vocab(tiny_model_dir, WIDTH)
+
+
+def masks_along(compiled, text: str, vocab) -> list[torch.Tensor]:
+    """The bitmask before each token of ``text`` and after the last one."""
+    tokens = vocab.hf_tokenizer.encode(text, add_special_tokens=False)
+    matcher = compiled.matcher()
+    masks = []
+    for token in [*tokens, None]:
+        mask = torch.zeros((1, words_for(WIDTH)), dtype=torch.int32)
+        matcher.fill(mask, 0)
+        masks.append(mask)
+        if token is not None:
+            assert matcher.consume([token]), text
+    return masks
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.backend}")
+def test_second_process_loads_and_masks_identically(spec, vocab, tmp_path):
+    admission = GrammarCompiler(vocab, store=GrammarStore(tmp_path, 1 << 30))
+    engine = GrammarCompiler(vocab, store=GrammarStore(tmp_path, 1 << 30))
+    compiled = admission.submit(spec).result()
+    loaded = engine.submit(spec).result()
+    assert (admission.compiled, admission.loaded) == (1, 0)
+    assert (engine.compiled, engine.loaded) == (0, 1)
+    assert loaded.backend == compiled.backend
+    text = {"json_schema": '{"name":"ab","n":12}', "regex": "ab12", "grammar": "yes"}[spec.kind]
+    for before, after in zip(
+        masks_along(compiled, text, vocab), masks_along(loaded, text, vocab), strict=True
+    ):
+        assert torch.equal(before, after)
+
+
+def test_another_spec_or_tokenizer_is_another_entry(vocab, tiny_model_dir, tmp_path):
+    store = GrammarStore(tmp_path, 1 << 30)
+    GrammarCompiler(vocab, store=store).submit(SPECS[1]).result()
+    flexible = GrammarSpec("json_schema", SCHEMA, backend="xgrammar", whitespace="flexible")
+    engine = GrammarCompiler(vocab, store=store)
+    engine.submit(flexible).result()
+    assert (engine.compiled, engine.loaded) == (1, 0)
+    wider = load_vocab(tiny_model_dir, WIDTH + 64)  # another logits width: another tokenizer
+    assert wider.fingerprint() != vocab.fingerprint()
+    other = GrammarCompiler(wider, store=store)
+    other.submit(SPECS[1]).result()
+    assert (other.compiled, other.loaded) == (1, 0)
+    assert len(store.entries()) == 3
+
+
+def stored_file(store: GrammarStore) -> Path:
+    (entry,) = store.entries()
+    return Path(entry.path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip a payload byte", "truncate", "garbage header", "another key's file"],
+)
+def test_a_damaged_entry_is_recompiled_never_trusted(damage, vocab, tmp_path):
+    store = GrammarStore(tmp_path, 1 << 30)
+    spec = SPECS[1]
+    reference = GrammarCompiler(vocab, store=store).submit(spec).result()
+    path = stored_file(store)
+    data = bytearray(path.read_bytes())
+    if damage == "flip a payload byte":
+        data[-10] ^= 0x55
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "garbage header":
+        data = b"not json\n" + data.partition(b"\n")[2]
+    else:  # a whole, intact file, but stored under this key by mistake
+        header, _, payload = bytes(data).partition(b"\n")
+        fields = json.loads(header)
+        fields["key"] = "0" * 64
+        data = json.dumps(fields).encode() + b"\n" + payload
+    path.write_bytes(bytes(data))
+    key = path.name.split(".")[0]
+    assert store.load(key) is None and not path.exists()  # refused and deleted
+    path.write_bytes(bytes(data))
+    engine = GrammarCompiler(vocab, store=store)
+    compiled = engine.submit(spec).result()
+    assert (engine.compiled, engine.loaded) == (1, 0)
+    for before, after in zip(
+        masks_along(reference, '{"name":"a","n":1}', vocab),
+        masks_along(compiled, '{"name":"a","n":1}', vocab),
+        strict=True,
+    ):
+        assert torch.equal(before, after)
+    # the recompiled grammar replaced the damaged file: the next process loads it
+    third = GrammarCompiler(vocab, store=store)
+    third.submit(spec).result()
+    assert (third.compiled, third.loaded) == (0, 1)
+
+
+def test_a_payload_the_backend_cannot_read_is_recompiled(vocab, tmp_path):
+    store = GrammarStore(tmp_path, 1 << 30)
+    GrammarCompiler(vocab, store=store).submit(SPECS[1]).result()
+    key = Path(stored_file(store)).name.split(".")[0]
+    store.save(key, "xgrammar", b"{intact checksum, not a grammar")
+    engine = GrammarCompiler(vocab, store=store)
+    engine.submit(SPECS[1]).result().matcher()
+    assert (engine.compiled, engine.loaded) == (1, 0)
+
+
+def test_concurrent_writers_leave_whole_files(tmp_path):
+    store = GrammarStore(tmp_path, 1 << 30)
+    payloads = {f"{i:064x}": os.urandom(200_000) for i in range(8)}
+
+    def write(key: str) -> None:
+        for _ in range(5):
+            store.save(key, "xgrammar", payloads[key])
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in payloads for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for key, payload in payloads.items():
+        assert store.load(key) == ("xgrammar", payload)
+    assert len(store.entries()) == len(payloads)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp-")]
+
+
+def test_bounded_least_recently_used_go_first(tmp_path):
+    store = GrammarStore(tmp_path, max_bytes=1_000_000)
+    keys = [store_key("spec", str(i)) for i in range(6)]
+    for i, key in enumerate(keys[:4]):
+        assert store.save(key, "llguidance", bytes([i]) * 200_000)
+        os.utime(store._path(key), (1000 + i, 1000 + i))  # distinct ages
+    assert store.load(keys[0]) is not None  # a hit: now the most recently used
+    store.save(keys[4], "llguidance", b"x" * 200_000)
+    store.save(keys[5], "llguidance", b"y" * 200_000)
+    kept = {key for key in keys if store.load(key) is not None}
+    assert keys[0] in kept and keys[1] not in kept
+    assert sum(e.stat().st_size for e in store.entries()) <= 1_000_000
+    assert not store.save(store_key("big"), "llguidance", b"z" * 300_000)  # over a quarter
+
+
+def test_store_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE", "off")
+    reset()
+    assert default_store() is None
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE", str(tmp_path / "g"))
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE_MB", "7")
+    reset()
+    store = default_store()
+    assert store.directory == tmp_path / "g" and store.max_bytes == 7 * 1024 * 1024
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE_MB", "lots")
+    reset()
+    with pytest.raises(ValueError, match="CONSTRAINED_GRAMMAR_STORE_MB"):
+        default_store()
+    monkeypatch.undo()
+    reset()
+
+
+def test_without_a_store_each_process_compiles(vocab):
+    first, second = GrammarCompiler(vocab), GrammarCompiler(vocab)
+    first.submit(SPECS[0]).result()
+    second.submit(SPECS[0]).result()
+    assert (first.compiled, second.compiled, second.loaded) == (1, 1, 0)
