@@ -140,6 +140,8 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
 
     class Compiler:
         cache_size = 512
+        compiled = 1
+        loaded = 6
 
         def cache_len(self) -> int:
             return 7
@@ -154,5 +156,5 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
     reporter.tick()
     snap = json.loads((tmp_path / "stats.json").read_text())
     assert snap["processors"]["FakeProcessor"] == {"active_slots": 2, "payloads": 1, "capacity": 4}
-    assert snap["compile_cache"] == {"entries": 7, "capacity": 512}
+    assert snap["compile_cache"] == {"entries": 7, "capacity": 512, "compiled": 1, "loaded": 6}
     assert StatsReporter(None, 0).snapshot()["processors"] == {}  # disabled: registers nothing

@@ -122,14 +122,18 @@ def test_layout_gives_the_single_workers_tokens(
         for stage in ("before_temperature", "after_min_p"):
             ranks = [digests[w][stage]["sha"] for w in sorted(digests)]
             assert len(ranks[0]) > 0 and ranks[0] == ranks[1], stage
-        assert all(s["compile_cache"]["entries"] == 2 for s in stats.values()), stats
+        # Admission compiled the two grammars; every rank loaded them, none compiled.
+        for s in stats.values():
+            assert s["compile_cache"]["entries"] == 2, stats
+            assert (s["compile_cache"]["compiled"], s["compile_cache"]["loaded"]) == (0, 2)
     elif layout.startswith("pipeline"):
         # Only the last stage samples; the first holds no requests and compiles nothing.
         assert sorted(digests) == ["dp0-pp1-tp0"]
         first = stats["dp0-pp0-tp0"]
         assert first["compile_cache"]["entries"] == 0
         assert all(p["payloads"] == 0 for p in first["processors"].values())
-        assert stats["dp0-pp1-tp0"]["compile_cache"]["entries"] == 2
+        last = stats["dp0-pp1-tp0"]["compile_cache"]
+        assert (last["entries"], last["compiled"], last["loaded"]) == (2, 0, 2)
     else:
         # Two independent engines behind one API server; the requests are spread over both.
         # (vLLM reconfigures a dense model's engine 0 as a lone engine: its tag is empty.)

@@ -48,7 +48,7 @@ def run_throughput_child(
     def params(max_tokens: int) -> list[Any]:
         return [request_params(config, t, i, max_tokens) for i, t in enumerate(texts)]
 
-    # Cold call: every schema compiled for the first time (both processes for ours), a few
+    # Cold call: every schema compiled for the first time (ours: once, at admission), a few
     # tokens each. The timed call then finds every compile cached.
     start = time.perf_counter()
     llm.generate(prompts, params(warmup_tokens), use_tqdm=False)

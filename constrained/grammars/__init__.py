@@ -19,7 +19,9 @@ Modules:
 - ``auto``: which backend compiles a spec.
 - ``regex_size``, ``size_guard``: refusing regexes too big to unroll.
 - ``cache``: the bounded LRU of compile futures.
-- ``compiler``: ``compile_now``; ``GrammarCompiler`` (cache, threads, time limit), ``compiler_for``.
+- ``compiler``: ``compile_now``; ``GrammarCompiler`` (cache, store, threads, time limit),
+  ``compiler_for``.
+- ``store``: ``GrammarStore``, compiled grammars on disk: admission saves, the engine loads.
 """
 
 from constrained.grammars.compiler import GrammarCompiler, compile_now, compiler_for
