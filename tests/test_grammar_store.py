@@ -7,6 +7,7 @@ process; the real two-process path (vLLM's API server and engine) is checked in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from constrained.grammars import GrammarSpec, load_vocab
+from constrained.grammars import GrammarSpec, load_vocab, registry
 from constrained.grammars.compiler import GrammarCompiler, default_store
 from constrained.grammars.matcher import words_for
 from constrained.grammars.store import GrammarStore, store_key
@@ -39,9 +40,23 @@ SPECS = [
 ]
 
 
+MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
+SLOW_XGRAMMAR = "Github_easy---o12088.json"  # xgrammar compiles it in about 1 s here
+
+
 @pytest.fixture(scope="module")
 def vocab(tiny_model_dir: str):
     return load_vocab(tiny_model_dir, WIDTH)
+
+
+@pytest.fixture(autouse=True)
+def store_every_compile(request, monkeypatch):
+    """Store quick xgrammar compiles too (its backend stores only slow ones), so every
+    backend's store path is exercised with the small test schema."""
+    if "keeps_store_threshold" in request.keywords:
+        return
+    quick = dataclasses.replace(registry.get_backend("xgrammar"), store_after_s=0.0)
+    monkeypatch.setitem(registry._BY_NAME, "xgrammar", quick)
 
 
 def masks_along(compiled, text: str, vocab) -> list[torch.Tensor]:
@@ -193,6 +208,23 @@ def test_store_setting(monkeypatch, tmp_path):
         default_store()
     monkeypatch.undo()
     reset()
+
+
+@pytest.mark.keeps_store_threshold
+def test_xgrammar_stores_slow_compiles_only(vocab, tmp_path):
+    """A quick xgrammar compile is cheaper to repeat than to serialize (its JSON can be tens of
+    MB): not stored. A slow one is stored, and the engine's load is much quicker."""
+    store = GrammarStore(tmp_path, 1 << 30)
+    GrammarCompiler(vocab, store=store).submit(SPECS[1]).result()
+    assert store.entries() == []
+    slow_schema = json.loads((MASKBENCH / SLOW_XGRAMMAR).read_text())["schema"]
+    slow = GrammarSpec("json_schema", json.dumps(slow_schema), backend="xgrammar")
+    GrammarCompiler(vocab, store=store).submit(slow).result()
+    assert len(store.entries()) == 1
+    engine = GrammarCompiler(vocab, store=store)
+    engine.submit(slow).result()
+    engine.submit(SPECS[1]).result()
+    assert (engine.compiled, engine.loaded) == (1, 1)
 
 
 def test_without_a_store_each_process_compiles(vocab):

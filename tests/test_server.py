@@ -171,20 +171,25 @@ def test_bad_constraints_get_400_naming_the_field(client, xargs, field):
 
 def test_engine_loads_what_admission_compiled(client, served):
     """Compile once: the API process compiles each new constraint at admission (in a worker
-    thread, via the middleware) and saves it; the engine process loads it, never compiles."""
+    thread, via the middleware) and saves it; the engine process loads it, compiles nothing.
+    xgrammar's quick compiles are not stored (cheaper to repeat): its request here uses a
+    MaskBench schema that takes about a second to compile."""
     from tests.soak import engine_snapshot
+    from tests.test_grammar_store import MASKBENCH, SLOW_XGRAMMAR
 
-    before = engine_snapshot(served)["compile_cache"]
+    slow = json.loads((MASKBENCH / SLOW_XGRAMMAR).read_text())["schema"]
+    array = json.dumps({"type": "array", "items": {"const": "x"}, "maxItems": 2})
     fresh = [
-        ({"json_schema": json.dumps({"type": "array", "items": {"const": "x"}, "maxItems": 2}),
-          "grammar_backend": backend}, stream)
-        for backend, stream in [("llguidance", False), ("xgrammar", True), ("outlines", False)]
-    ] + [({"regex": r"z{1,3}q"}, True)]  # fmt: skip
+        ({"json_schema": array, "grammar_backend": "llguidance"}, False),
+        ({"json_schema": json.dumps(slow), "grammar_backend": "xgrammar"}, True),
+        ({"json_schema": array, "grammar_backend": "outlines"}, False),
+        ({"regex": r"z{1,3}q"}, True),
+    ]
+    before = engine_snapshot(served)["compile_cache"]
     for xargs, stream in fresh:
         response = complete(client, xargs, max_tokens=16, stream=stream)
         chunks = list(response) if stream else [response]
-        text = "".join(c.choices[0].text for c in chunks)
-        assert chunks[-1].choices[0].finish_reason == "stop", (xargs, text)
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length"), xargs
     after = engine_snapshot(served)["compile_cache"]
-    assert after["compiled"] == 0, after  # this whole session: the engine compiled nothing
-    assert after["loaded"] >= before["loaded"] + len(fresh), (before, after)
+    assert after["compiled"] == before["compiled"], (before, after)
+    assert after["loaded"] == before["loaded"] + len(fresh), (before, after)

@@ -65,6 +65,8 @@ class Backend:
         dump: ``compiled -> bytes``, what the store keeps of a compiled grammar.
         load: ``(bytes, vocab) -> CompiledGrammar``, the inverse, without compiling again;
             raises on bytes it cannot read (the store then compiles).
+        store_after_s: store a compiled grammar only when its compile took at least this
+            long; below it, compiling again is cheaper than ``dump`` plus ``load``.
     """
 
     name: str
@@ -74,3 +76,4 @@ class Backend:
     load: Callable[[bytes, Vocab], CompiledGrammar]
     refusal: Callable[[Any], tuple[str, str] | None] = refuses_nothing
     refused_keyword: Callable[[GrammarError], str | None] = keyword_attribute
+    store_after_s: float = 0.0

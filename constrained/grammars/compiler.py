@@ -10,8 +10,9 @@ only (it finishes in the background and its result is dropped).
 Compile once: a spec missing from the in-process cache is first looked up in the store
 (``store.py``, ``CONSTRAINED_GRAMMAR_STORE``), where admission saved it in the frontend
 process; only a miss compiles, and saves what it compiled before the future completes, so a
-request admitted is always found by the engine that receives it. ``compiled`` and ``loaded``
-count each; the engine's stats report them.
+request admitted is always found by the engine that receives it (unless its backend's
+``store_after_s`` says the compile was quicker to repeat than to store and load).
+``compiled`` and ``loaded`` count each; the engine's stats report them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import functools
 import hashlib
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -125,10 +127,12 @@ class GrammarCompiler:
             else:
                 self.loaded += 1
                 return grammar
+        start = time.perf_counter()
         compiled = compile_now(spec, self.vocab)
         self.compiled += 1
         backend = get_backend(compiled.backend)
-        self.store.save(key, backend.name, backend.dump(compiled))
+        if time.perf_counter() - start >= backend.store_after_s:
+            self.store.save(key, backend.name, backend.dump(compiled))
         return compiled
 
     def cache_len(self) -> int:
