@@ -103,6 +103,7 @@ class GrammarCompiler:
         self.store = store
         self.compiled = 0
         self.loaded = 0
+        self._counts_lock = threading.Lock()  # two compile workers count at once
         self._cache = CompileCache(cache_size)
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="constrained-compile")
 
@@ -114,7 +115,7 @@ class GrammarCompiler:
     def _load_or_compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if self.store is None:
             compiled = compile_now(spec, self.vocab)
-            self.compiled += 1
+            self._count(loaded=False)
             return compiled
         key = store_key(code_fingerprint(), self.vocab.fingerprint(), repr(spec))
         found = self.store.load(key)
@@ -125,15 +126,22 @@ class GrammarCompiler:
             except Exception as exc:  # unreadable for this backend: compile it again
                 logger.warning("constrained: a stored %s grammar did not load (%s)", name, exc)
             else:
-                self.loaded += 1
+                self._count(loaded=True)
                 return grammar
         start = time.perf_counter()
         compiled = compile_now(spec, self.vocab)
-        self.compiled += 1
+        self._count(loaded=False)
         backend = get_backend(compiled.backend)
         if time.perf_counter() - start >= backend.store_after_s:
             self.store.save(key, backend.name, backend.dump(compiled))
         return compiled
+
+    def _count(self, loaded: bool) -> None:
+        with self._counts_lock:
+            if loaded:
+                self.loaded += 1
+            else:
+                self.compiled += 1
 
     def cache_len(self) -> int:
         """Compiles held (done or running); at most ``cache_size``."""
