@@ -5,7 +5,7 @@
 processor can start compiles when requests join and collect them when their rows need a
 mask. ``compile`` waits at most ``settings().compile_timeout_s`` seconds
 (``CONSTRAINED_COMPILE_TIMEOUT_S``); a compile that runs longer is an error for that request
-only (it finishes in the background and its result is dropped).
+only (it finishes in the background; the in-process cache drops it, the store keeps it).
 
 Compile once: a spec missing from the in-process cache is first looked up in the store
 (``store.py``, ``CONSTRAINED_GRAMMAR_STORE``), where admission saved it in the frontend
