@@ -66,11 +66,6 @@ def input_processor_at_admission() -> Any:
     )
 
 
-def model_config_at_admission() -> Any:
-    """The served model's ``ModelConfig`` (see ``input_processor_at_admission``)."""
-    return input_processor_at_admission().model_config
-
-
 def loaded_tokenizer(input_processor: Any) -> Any:
     """The tokenizer vLLM's frontend already loaded, or None (so the vocabulary is not loaded
     a second time in this process; ``load_vocab`` uses it only if it is a fast HF one)."""

@@ -21,7 +21,7 @@ from constrained import LOGITS_PROCESSORS
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 FLAG = "--logits-processors"
 # Refuses streaming requests with bad options with HTTP 400 before the stream starts.
-STREAM_CHECK = "constrained.stream_checks.refuse_bad_streaming_options"
+STREAM_CHECK = "constrained.stream_checks.check_xargs_off_the_loop"
 
 
 def server_argv(args: list[str]) -> list[str]:

@@ -36,7 +36,7 @@ def frontend_tokenizer(state: Any) -> Any:
     return loaded_tokenizer(input_processor) if input_processor is not None else None
 
 
-async def refuse_bad_streaming_options(request: Request, call_next: Any) -> Response:
+async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response:
     if request.method == "POST" and request.url.path in CHECKED_PATHS:
         body = await request.body()  # Starlette keeps it for the handler
         try:

@@ -21,6 +21,7 @@ from constrained.grammars.compiler import GrammarCompiler, default_store
 from constrained.grammars.matcher import words_for
 from constrained.grammars.store import GrammarStore, store_key
 from constrained.settings import reset
+from tests.soak import MASKBENCH, SLOW_XGRAMMAR
 
 WIDTH = 151_936
 SCHEMA = json.dumps(
@@ -38,10 +39,6 @@ SPECS = [
     GrammarSpec("regex", r"[a-c]{2}\d{1,3}"),
     GrammarSpec("grammar", 'root ::= "yes" | "no"'),
 ]
-
-
-MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
-SLOW_XGRAMMAR = "Github_easy---o12088.json"  # xgrammar compiles it in about 1 s here
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import constrained
-from constrained.admission import AdmissionUnavailable, model_config_at_admission
+from constrained.admission import AdmissionUnavailable, input_processor_at_admission
 from constrained.processors import GrammarMaskProcessor
 
 # One request per processor, using only that processor's options.
@@ -102,4 +102,4 @@ def test_validate_params_outside_vllm_admission_fails_loudly():
     with pytest.raises(AdmissionUnavailable, match="InputProcessor"):
         GrammarMaskProcessor.validate_params(SamplingParams(extra_args={"regex": "a"}))
     with pytest.raises(AdmissionUnavailable):
-        model_config_at_admission()
+        input_processor_at_admission()

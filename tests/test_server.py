@@ -174,8 +174,7 @@ def test_engine_loads_what_admission_compiled(client, served):
     thread, via the middleware) and saves it; the engine process loads it, compiles nothing.
     xgrammar's quick compiles are not stored (cheaper to repeat): its request here uses a
     MaskBench schema that takes about a second to compile."""
-    from tests.soak import engine_snapshot
-    from tests.test_grammar_store import MASKBENCH, SLOW_XGRAMMAR
+    from tests.soak import MASKBENCH, SLOW_XGRAMMAR, engine_snapshot
 
     slow = json.loads((MASKBENCH / SLOW_XGRAMMAR).read_text())["schema"]
     array = json.dumps({"type": "array", "items": {"const": "x"}, "maxItems": 2})
