@@ -426,11 +426,15 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
     }
 
 
-def summarize(outcomes: list[Outcome], mask_ns: np.ndarray) -> dict[str, Any]:
-    """Totals, timings, per-split counts and the names behind every failure kind."""
+def summarize(
+    outcomes: list[Outcome], mask_ns: np.ndarray, split_of_token: np.ndarray
+) -> dict[str, Any]:
+    """Totals, timings, per-split counts and timings, and the names behind every failure."""
     by_split: dict[str, list[Outcome]] = collections.defaultdict(list)
     for o in outcomes:
         by_split[o.split].append(o)
+    splits = sorted(by_split)
+    split_index = {s: i for i, s in enumerate(sorted({o.split for o in outcomes}))}
     refused_by = collections.Counter(o.keyword for o in outcomes if o.status == "refused")
     return {
         **counts(outcomes),
@@ -438,7 +442,14 @@ def summarize(outcomes: list[Outcome], mask_ns: np.ndarray) -> dict[str, Any]:
         "mask_us": pct(mask_ns, 1e-3),
         "backend_used": dict(collections.Counter(o.backend for o in outcomes if o.compiled)),
         "refused_by_keyword": dict(refused_by.most_common()),
-        "splits": {s: counts(by_split[s]) for s in sorted(by_split)},
+        "splits": {
+            s: {
+                **counts(by_split[s]),
+                "compile_ms": pct([o.compile_s for o in by_split[s] if o.compiled], 1e3),
+                "mask_us": pct(mask_ns[split_of_token == split_index[s]], 1e-3),
+            }
+            for s in splits
+        },
         "invalid_accepted_names": sorted(o.name for o in outcomes if o.invalid_accepted),
         "timeout_names": sorted(o.name for o in outcomes if "timeout" in o.status),
         "crash_names": sorted(o.name for o in outcomes if o.status == "crash"),
@@ -449,15 +460,19 @@ def run_config(config: str, cases: list[Case], args: argparse.Namespace) -> dict
     """Run one configuration over ``cases``; per-schema rows go to ``--details`` as they come."""
     outcomes: list[Outcome] = []
     chunks: list[np.ndarray] = []
+    split_chunks: list[np.ndarray] = []  # each mask time's split, as an index
+    split_index = {s: i for i, s in enumerate(sorted({c.split for c in cases}))}
     begun = time.monotonic()
     for outcome in run_tasks(cases, config, args.workers, args.timeout, not args.quiet):
         chunks.append(np.asarray(outcome.mask_ns, dtype=np.int64))
+        split_chunks.append(np.full(len(outcome.mask_ns), split_index[outcome.split]))
         outcome.mask_ns = []
         outcomes.append(outcome)
         if args.details:
             write_detail(args.details, config, outcome)
     mask_ns = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-    summary = summarize(outcomes, mask_ns)
+    token_splits = np.concatenate(split_chunks) if split_chunks else np.zeros(0, dtype=np.int64)
+    summary = summarize(outcomes, mask_ns, token_splits)
     summary["wall_s"] = round(time.monotonic() - begun, 1)
     return summary
 
@@ -559,6 +574,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--configs", type=str_list, default=list(CONFIGS),
                         help=f"comma list of {', '.join(CONFIGS + UNCHECKED)}")  # fmt: skip
     parser.add_argument("--limit", type=int, help="only the first N schemas (by file name)")
+    parser.add_argument("--only", type=pathlib.Path,
+                        help="only the schemas named in this file, one file name per line "
+                             "(a quick rerun; results go to --out as usual)")  # fmt: skip
     parser.add_argument("--sample", help="stratified sample: N (all configs) or cfg=N,cfg=N")
     parser.add_argument("--seed", type=int, default=0, help="sample seed")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds per schema")
@@ -578,6 +596,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     all_cases = load_cases(args.data)
     cases = all_cases[: args.limit] if args.limit else all_cases
+    if args.only:
+        wanted = set(args.only.read_text().split())
+        cases = [case for case in cases if case.name in wanted]
     samples = parse_samples(args.sample, args.configs)
     _WALKER = Walker(build_vocab(args.configs))
     machine = {**machine_info(), "lscpu": lscpu_head(), "versions": versions()}

@@ -12,6 +12,7 @@ Modules:
 - ``matcher``: the ``Matcher`` interface and bitmask helpers.
 - ``schema_input``: user input to checked JSON-schema text; ``close_objects``.
 - ``schema_walk``: JSON-Schema walking: subschemas, ``$ref`` pointers, types.
+- ``schema_rewrite``: keywords no backend enforces, rewritten exactly into ones they do.
 - ``backend``: ``Backend``, what a backend plugs in.
 - ``allow_list``: ``AllowList``, refusals for backends that ignore what they do not enforce.
 - ``llguidance_backend``, ``xgrammar_backend``, ``outlines_backend``: one backend each.

@@ -27,11 +27,13 @@ Example::
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from constrained.grammars.schema_rewrite import disjoint
 from constrained.grammars.schema_walk import (
     VALIDATION_KEYWORDS,
     is_int,
@@ -42,7 +44,6 @@ from constrained.grammars.schema_walk import (
     nested_resources,
     reachable_subschemas,
     resolve_pointer,
-    same_json,
     type_names,
 )
 
@@ -157,75 +158,13 @@ def _exclusive_problem(rules: AllowList, sub: dict, root: Any) -> str | None:
     branches = sub[keyword]
     if keyword == "allOf" and isinstance(branches, list) and len(branches) > 1:
         return keyword  # only one branch would be checked
-    if keyword == "oneOf" and isinstance(branches, list) and not _disjoint(branches):
+    if (
+        keyword == "oneOf"
+        and isinstance(branches, list)
+        and not all(disjoint(a, b) for a, b in itertools.combinations(branches, 2))
+    ):
         return keyword  # checked as anyOf: right only when no value matches two branches
     return None
-
-
-def _disjoint(branches: list) -> bool:
-    """No value can match two of ``branches``: each allows only values of its own types or
-    its own ``const``/``enum`` values, or each requires a property whose allowed values no
-    other branch allows (a discriminator)."""
-    if len(branches) < 2:
-        return True
-    sets = [_value_set(b) for b in branches]
-    if all(s is not None for s in sets) and _pairwise_disjoint(sets):
-        return True
-    return any(
-        _pairwise_disjoint([_discriminated(b, key) for b in branches])
-        for key in _required_names(branches[0])
-    )
-
-
-def _value_set(branch: Any) -> tuple[frozenset[str], list] | None:
-    """(types, values) that bound what a branch allows: its ``const``/``enum`` values, else
-    its ``type``s (its other keywords only narrow that down)."""
-    if not isinstance(branch, dict):
-        return None
-    if "const" in branch:
-        return frozenset(), [branch["const"]]
-    if "enum" in branch:
-        return (frozenset(), list(branch["enum"])) if isinstance(branch["enum"], list) else None
-    types = type_names(branch.get("type")) if "type" in branch else None
-    return (frozenset(types), []) if types else None
-
-
-def _discriminated(branch: Any, key: str) -> tuple[frozenset[str], list] | None:
-    """The values ``branch`` allows for the property ``key`` it requires, when finite."""
-    if not isinstance(branch, dict) or branch.get("type") != "object":
-        return None
-    if key not in _required_names(branch):
-        return None
-    prop = (branch.get("properties") or {}).get(key)
-    found = _value_set(prop)
-    return found if found is not None and not found[0] else None
-
-
-def _required_names(branch: Any) -> list[str]:
-    required = branch.get("required") if isinstance(branch, dict) else None
-    return [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
-
-
-def _pairwise_disjoint(sets: list[tuple[frozenset[str], list] | None]) -> bool:
-    if any(s is None for s in sets):
-        return False
-    for i, first in enumerate(sets):
-        for second in sets[i + 1 :]:
-            if _overlap(first, second):  # type: ignore[arg-type]
-                return False
-    return True
-
-
-def _overlap(a: tuple[frozenset[str], list], b: tuple[frozenset[str], list]) -> bool:
-    types_a, values_a = a
-    types_b, values_b = b
-    if types_a & types_b:
-        return True
-    if any(json_type(v) in types_b for v in values_a):
-        return True
-    if any(json_type(v) in types_a for v in values_b):
-        return True
-    return any(same_json(x, y) for x in values_a for y in values_b)
 
 
 def _implied_type(sub: dict, keyword: str) -> bool:

@@ -8,11 +8,13 @@ schemas, the error names the keyword no backend enforces.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import BACKENDS, get_backend
+from constrained.grammars.schema_rewrite import rewrite_schema_text
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
 
@@ -20,9 +22,26 @@ from constrained.grammars.vocab import Vocab
 def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     """Compile with the backend called ``name``, unless it would not enforce the schema.
 
+    A JSON schema the backend refuses as written is tried once more rewritten
+    (``schema_rewrite``: the same instances, in keywords backends enforce).
+
     Raises:
-        GrammarError: the backend refuses the constraint, or it does not compile.
+        GrammarError: the backend refuses the constraint, or it does not compile; the
+            reason given is the one for the schema as written.
     """
+    try:
+        return _compile_as_written(name, spec, vocab)
+    except GrammarError as refused:
+        rewritten = spec.source if spec.kind != "json_schema" else rewrite_schema_text(spec.source)
+        if rewritten == spec.source:
+            raise
+        try:
+            return _compile_as_written(name, dataclasses.replace(spec, source=rewritten), vocab)
+        except GrammarError:
+            raise refused from None
+
+
+def _compile_as_written(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     backend = get_backend(name)
     if spec.kind == "json_schema":
         found = backend.refusal(json.loads(spec.source))

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Keywords that only describe (no validation meaning): allowed everywhere.
@@ -82,6 +82,20 @@ def iter_subschemas(schema: Any, path: str = "#") -> Iterator[tuple[str, dict]]:
                     yield from iter_subschemas(sub, f"{path}/{key}/{i}")
         elif key in _ONE_SUBSCHEMA:
             yield from iter_subschemas(value, f"{path}/{key}")
+
+
+def map_subschemas(schema: dict, path: str, fn: Callable[[Any, str], Any]) -> None:
+    """Replace each direct subschema ``sub`` of ``schema`` by ``fn(sub, its pointer)``."""
+    for key, value in schema.items():
+        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            for name, sub in value.items():
+                value[name] = fn(sub, f"{path}/{key}/{escape_pointer(name)}")
+        elif (key in _LISTED_SUBSCHEMAS or key in ("items", "additionalItems")) and isinstance(
+            value, list
+        ):
+            value[:] = [fn(sub, f"{path}/{key}/{i}") for i, sub in enumerate(value)]
+        elif key in _ONE_SUBSCHEMA and not isinstance(value, list):
+            schema[key] = fn(value, f"{path}/{key}")
 
 
 def escape_pointer(name: str) -> str:

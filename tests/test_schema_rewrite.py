@@ -1,0 +1,215 @@
+"""``grammars/schema_rewrite.py``: rewritten schemas accept exactly what the originals accept.
+
+Judged by ``jsonschema`` (the reference validator), over hand-written cases, every group of
+the JSON-Schema-Test-Suite (draft 2020-12 and draft 7) and every MaskBench schema the
+rewrite changes; then through the real masks: the groups of the keywords rewritten now
+compile with ``auto`` and accept no invalid instance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from jsonschema import validators
+
+from constrained.grammars import GrammarError, GrammarSpec, compile_now
+from constrained.grammars.schema_rewrite import negate, rewrite_schema, strings_other_than
+from constrained.grammars.schema_walk import map_subschemas
+from tests.soak import MASKBENCH
+from tests.test_schema_suite import SUITE, WIDTH
+from tests.walker import Walker
+
+SUITES = {"draft2020-12": SUITE, "draft7": SUITE.parent / "draft7"}
+DRAFTS = {"draft2020-12": validators.Draft202012Validator, "draft7": validators.Draft7Validator}
+# Drafts where ``if``, ``const`` and ``dependentRequired`` are not yet keywords: a rewrite
+# that enforces them anyway is stricter than jsonschema there, never looser.
+OLD_DRAFTS = (validators.Draft4Validator, validators.Draft6Validator)
+
+
+def validator(schema, default=validators.Draft202012Validator):
+    cls = validators.validator_for(schema, default=default)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def verdicts(schema, instances, default=validators.Draft202012Validator, like=None):
+    """jsonschema's verdicts; ``like``: the schema whose draft to judge by."""
+    check = validator(like if like is not None else schema, default)
+    if isinstance(check, validators.Draft4Validator):
+        schema = without_booleans(schema)  # draft 4 has no boolean subschemas
+    return [check.evolve(schema=schema).is_valid(x) for x in instances]
+
+
+def without_booleans(schema, path="#"):
+    """``true`` / ``false`` subschemas written as ``{}`` / ``{"not": {}}`` (the same)."""
+    if isinstance(schema, bool):
+        return {} if schema else {"not": {}}
+    if isinstance(schema, dict):
+        schema = dict(schema)
+        map_subschemas(schema, path, without_booleans)
+    return schema
+
+
+def assert_same_instances(schema, instances):
+    rewritten = rewrite_schema(schema)
+    assert verdicts(rewritten, instances, like=schema) == verdicts(schema, instances), rewritten
+
+
+INSTANCES = [
+    None, True, False, 0, 1, 2, 3, 1.5, -7, "", "a", "ab", "abc", "foo", "bar", [], [1],
+    [1, 2, 3], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": "x", "c": 3}, {"a": 2, "b": 1},
+    {"kind": "circle", "r": 1}, {"kind": "square", "side": 2}, {"kind": "circle", "side": 2},
+]  # fmt: skip
+
+CASES = {
+    "not type": {"not": {"type": "string"}},
+    "not not": {"not": {"not": {"minimum": 2}}},
+    "not enum": {"not": {"enum": [1, "foo", True, None]}},
+    "not const within integers": {"type": "integer", "not": {"const": 2}},
+    "not required": {"not": {"required": ["a", "b"]}},
+    "not properties": {"not": {"properties": {"a": {"type": "string"}}}},
+    "not anyOf": {"not": {"anyOf": [{"type": "string"}, {"maximum": 1}]}},
+    "not allOf": {"not": {"allOf": [{"minLength": 2}, {"maxLength": 2}]}},
+    "not bounds": {"not": {"minItems": 2, "maxProperties": 1}},
+    "not false": {"not": False},
+    "not items false": {"not": {"items": False}},
+    "if then else": {
+        "if": {"properties": {"kind": {"const": "circle"}}},
+        "then": {"required": ["r"]},
+        "else": {"required": ["side"]},
+    },
+    "if then": {"if": {"type": "string"}, "then": {"minLength": 2}},
+    "then without if": {"then": {"type": "string"}},
+    "dependentRequired": {"dependentRequired": {"a": ["b"]}},
+    "dependentSchemas": {"dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}}}},
+    "dependencies": {
+        "$schema": "http://json-schema.org/draft-07/schema#",  # a keyword until 2019-09
+        "dependencies": {"a": ["b"], "c": {"required": ["a"]}},
+    },
+    "oneOf by type": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+    "oneOf overlapping": {"oneOf": [{"type": "number", "minimum": 1}, {"maximum": 2}]},
+    "oneOf by discriminator": {
+        "type": "object",
+        "oneOf": [
+            {"required": ["kind"], "properties": {"kind": {"const": "circle"}}},
+            {"required": ["kind"], "properties": {"kind": {"const": "square"}}},
+        ],
+    },
+    # without "type": non-objects satisfy both branches, so they are not disjoint
+    "oneOf by discriminator, untyped": {
+        "oneOf": [
+            {"required": ["kind"], "properties": {"kind": {"const": "circle"}}},
+            {"required": ["kind"], "properties": {"kind": {"const": "square"}}},
+        ],
+    },
+    "oneOf through $ref": {
+        "$defs": {"s": {"type": "string"}, "n": {"type": "number", "minimum": 2}},
+        "oneOf": [{"$ref": "#/$defs/s"}, {"$ref": "#/$defs/n"}, {"minimum": 3}],
+    },
+    "unknown format": {"type": "string", "format": "color"},
+    "propertyNames of any string": {"propertyNames": {"type": "string"}},
+    "uniqueItems of at most one item": {"uniqueItems": True, "maxItems": 1},
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_rewrite_accepts_exactly_the_same_instances(name):
+    schema = CASES[name]
+    rewritten = rewrite_schema(schema)
+    assert rewritten != schema, "each case exercises a rule"
+    assert_same_instances(schema, INSTANCES)
+
+
+def test_what_cannot_be_negated_exactly_is_left_for_the_backend_to_refuse():
+    assert negate({"pattern": "^a"}) is None
+    assert negate({"type": "integer"}) is None  # non-integer numbers alone: no type says it
+    assert negate({"type": "integer"}, frozenset({"integer", "string"})) == {"type": "string"}
+    schema = {"not": {"multipleOf": 3}}
+    assert rewrite_schema(schema) == schema
+    # a keyword a $ref points into stays where it is
+    pinned = {"not": {"not": {"type": "string"}}, "$defs": {"x": {"$ref": "#/not/not"}}}
+    assert rewrite_schema(pinned)["not"] == {"not": {"type": "string"}}
+
+
+def test_strings_other_than_is_the_exact_complement():
+    excluded = ["ab", "b", "a.c", "", "x]-^\\"]
+    pattern = strings_other_than(excluded)
+    for text in ["a", "ab", "abc", "b", "ba", "a.c", "axc", "", " ", "x]-^\\", "x]-^"]:
+        assert bool(re.search(pattern, text)) == (text not in excluded), text
+
+
+def suite_groups():
+    for draft, folder in SUITES.items():
+        for path in sorted(folder.glob("*.json")):
+            for index, group in enumerate(json.loads(path.read_text())):
+                yield draft, f"{draft}/{path.stem}#{index}", group
+
+
+def test_suite_groups_keep_their_verdicts():
+    if not SUITE.is_dir():
+        pytest.skip(f"JSON-Schema-Test-Suite not found at {SUITE}")
+    changed = 0
+    for draft, key, group in suite_groups():
+        rewritten = rewrite_schema(group["schema"])
+        if rewritten == group["schema"]:
+            continue
+        changed += 1
+        if re.search(r'"\$(ref|dynamicRef)": "(?!#)', json.dumps(group["schema"])):
+            continue  # a remote reference: jsonschema would fetch it over the network
+        instances = [t["data"] for t in group["tests"]]
+        before = verdicts(group["schema"], instances, DRAFTS[draft])
+        assert verdicts(rewritten, instances, DRAFTS[draft], like=group["schema"]) == before, key
+    assert changed >= 60  # measured: 64 groups use a keyword the rewrite expresses
+
+
+def test_maskbench_schemas_accept_no_more_and_no_fewer():
+    if not MASKBENCH.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"MaskBench not found at {MASKBENCH}")
+        pytest.skip(f"MaskBench not found at {MASKBENCH}")
+    changed = 0
+    for path in sorted(MASKBENCH.glob("*.json")):
+        case = json.loads(path.read_text())
+        schema = case["schema"]
+        rewritten = rewrite_schema(schema)
+        if rewritten == schema:
+            continue
+        changed += 1
+        instances = [t["data"] for t in case["tests"]]
+        before, after = verdicts(schema, instances), verdicts(rewritten, instances, like=schema)
+        looser = [x for x, b, a in zip(instances, before, after, strict=True) if a and not b]
+        assert looser == [], path.name
+        if not isinstance(validator(schema), OLD_DRAFTS):
+            assert after == before, path.name
+    assert changed >= 2000  # measured: 2,191
+
+
+REWRITTEN_KEYWORDS = {
+    "draft2020-12": ["if-then-else", "dependentRequired", "dependentSchemas"],
+    "draft7": ["dependencies", "if-then-else"],
+}
+
+
+@pytest.fixture(scope="module")
+def walker(tiny_model_dir: str) -> Walker:
+    from constrained.grammars import load_vocab
+
+    return Walker(load_vocab(tiny_model_dir, WIDTH))
+
+
+@pytest.mark.parametrize("draft", REWRITTEN_KEYWORDS)
+def test_rewritten_keyword_groups_compile_and_mask_no_invalid_instance(draft, walker):
+    if not SUITE.is_dir():
+        pytest.skip(f"JSON-Schema-Test-Suite not found at {SUITE}")
+    for name in REWRITTEN_KEYWORDS[draft]:
+        for index, group in enumerate(json.loads((SUITES[draft] / f"{name}.json").read_text())):
+            spec = GrammarSpec("json_schema", json.dumps(group["schema"]), "auto")
+            try:
+                compiled = compile_now(spec, walker.vocab)
+            except GrammarError as exc:
+                pytest.fail(f"{draft}/{name}#{index} does not compile: {exc}")
+            for test in group["tests"]:
+                accepted = walker.accepts(compiled, test["data"])
+                assert not (accepted and not test["valid"]), (name, index, test["description"])
