@@ -54,7 +54,7 @@ def test_options_accept_exactly_the_registered_backends():
 @pytest.mark.parametrize(
     ("backend", "schema", "message"),
     [
-        ("xgrammar", {"type": "object", "properties": {"a": {"not": {}}}},
+        ("xgrammar", {"type": "object", "properties": {"a": {"not": {"multipleOf": 3}}}},
          "xgrammar: does not enforce keyword 'not' (at #/properties/a)"),
         ("xgrammar", {"type": "string", "format": "date"},
          "xgrammar: does not enforce keyword 'format' (at #)"),

@@ -16,7 +16,8 @@ import pytest
 from jsonschema import validators
 
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
-from constrained.grammars.schema_rewrite import negate, rewrite_schema, strings_other_than
+from constrained.grammars.schema_negation import negate, strings_other_than
+from constrained.grammars.schema_rewrite import rewrite_schema
 from constrained.grammars.schema_walk import map_subschemas
 from tests.soak import MASKBENCH
 from tests.test_schema_suite import SUITE, WIDTH
@@ -183,7 +184,7 @@ def test_maskbench_schemas_accept_no_more_and_no_fewer():
         assert looser == [], path.name
         if not isinstance(validator(schema), OLD_DRAFTS):
             assert after == before, path.name
-    assert changed >= 2000  # measured: 2,191
+    assert changed >= 2000  # measured: 2,242
 
 
 REWRITTEN_KEYWORDS = {

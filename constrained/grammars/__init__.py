@@ -13,6 +13,7 @@ Modules:
 - ``schema_input``: user input to checked JSON-schema text; ``close_objects``.
 - ``schema_walk``: JSON-Schema walking: subschemas, ``$ref`` pointers, types.
 - ``schema_rewrite``: keywords no backend enforces, rewritten exactly into ones they do.
+- ``schema_negation``: exact negation and disjointness of schemas (``negate``, ``apart``).
 - ``backend``: ``Backend``, what a backend plugs in.
 - ``allow_list``: ``AllowList``, refusals for backends that ignore what they do not enforce.
 - ``llguidance_backend``, ``xgrammar_backend``, ``outlines_backend``: one backend each.

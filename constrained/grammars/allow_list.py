@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from constrained.grammars.schema_rewrite import disjoint
+from constrained.grammars.schema_negation import disjoint
 from constrained.grammars.schema_walk import (
     VALIDATION_KEYWORDS,
     is_int,

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from constrained.grammars.schema_walk import iter_subschemas, resolve_pointer
+from constrained.grammars.schema_walk import iter_subschemas, local_refs, resolve_pointer
 from constrained.settings import settings
 
 MAX_SCHEMA_BYTES_ENV = "CONSTRAINED_MAX_SCHEMA_BYTES"
@@ -92,25 +92,17 @@ def _check_meta_schema(value: Any) -> None:
 
 def _check_ref_loops(root: Any) -> None:
     """Refuse ``{"$ref": A}`` -> ``{"$ref": B}`` -> ... -> A: it describes no value at all."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                seen = {id(node)}
-                target = resolve_pointer(root, ref)
-                while isinstance(target, Mapping) and set(target) - _ANNOTATIONS == {"$ref"}:
-                    if id(target) in seen:
-                        raise ValueError(f"'$ref' loop: {ref!r} refers back to itself")
-                    seen.add(id(target))
-                    next_ref = target["$ref"]
-                    if not (isinstance(next_ref, str) and next_ref.startswith("#")):
-                        break
-                    target = resolve_pointer(root, next_ref)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    for node, ref in local_refs(root):
+        seen = {id(node)}
+        target = resolve_pointer(root, ref)
+        while isinstance(target, Mapping) and set(target) - _ANNOTATIONS == {"$ref"}:
+            if id(target) in seen:
+                raise ValueError(f"'$ref' loop: {ref!r} refers back to itself")
+            seen.add(id(target))
+            next_ref = target["$ref"]
+            if not (isinstance(next_ref, str) and next_ref.startswith("#")):
+                break
+            target = resolve_pointer(root, next_ref)
 
 
 def close_objects(text: str) -> str:

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 # Keywords that only describe (no validation meaning): allowed everywhere.
@@ -96,6 +96,21 @@ def map_subschemas(schema: dict, path: str, fn: Callable[[Any, str], Any]) -> No
             value[:] = [fn(sub, f"{path}/{key}/{i}") for i, sub in enumerate(value)]
         elif key in _ONE_SUBSCHEMA and not isinstance(value, list):
             schema[key] = fn(value, f"{path}/{key}")
+
+
+def local_refs(value: Any) -> Iterator[tuple[Mapping, str]]:
+    """Every (object, its ``$ref``) in a JSON value whose ``$ref`` is local (``#...``),
+    wherever it sits (inside ``$defs``, unknown keywords, ``const`` values alike)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                yield node, ref
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def escape_pointer(name: str) -> str:
