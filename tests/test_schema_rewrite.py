@@ -109,6 +109,24 @@ CASES = {
         "$defs": {"s": {"type": "string"}, "n": {"type": "number", "minimum": 2}},
         "oneOf": [{"$ref": "#/$defs/s"}, {"$ref": "#/$defs/n"}, {"minimum": 3}],
     },
+    "oneOf by discriminator in allOf branches": {
+        "$defs": {
+            "base": {"type": "object"},
+            "circle": {
+                "allOf": [
+                    {"$ref": "#/$defs/base"},
+                    {"required": ["kind"], "properties": {"kind": {"const": "circle"}}},
+                ]
+            },
+            "square": {
+                "allOf": [
+                    {"$ref": "#/$defs/base"},
+                    {"required": ["kind"], "properties": {"kind": {"const": "square"}}},
+                ]
+            },
+        },
+        "oneOf": [{"$ref": "#/$defs/circle"}, {"$ref": "#/$defs/square"}],
+    },
     "unknown format": {"type": "string", "format": "color"},
     "propertyNames of any string": {"propertyNames": {"type": "string"}},
     "uniqueItems of at most one item": {"uniqueItems": True, "maxItems": 1},
@@ -121,6 +139,11 @@ def test_rewrite_accepts_exactly_the_same_instances(name):
     rewritten = rewrite_schema(schema)
     assert rewritten != schema, "each case exercises a rule"
     assert_same_instances(schema, INSTANCES)
+
+
+def test_provably_disjoint_one_of_becomes_any_of_without_negations():
+    schema = CASES["oneOf by discriminator in allOf branches"]
+    assert rewrite_schema(schema)["anyOf"] == schema["oneOf"]
 
 
 def test_what_cannot_be_negated_exactly_is_left_for_the_backend_to_refuse():

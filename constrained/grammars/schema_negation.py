@@ -316,36 +316,73 @@ def disjoint(a: Any, b: Any, root: Any = None) -> bool:
     return apart(a, b, root) == KINDS
 
 
-def apart(a: Any, b: Any, root: Any = None) -> frozenset[str]:
+def apart(a: Any, b: Any, root: Any = None, _depth: int = 0) -> frozenset[str]:
     """The kinds of instance that cannot satisfy both schemas (sufficient tests only).
 
-    A ``$ref`` is judged by its target alone (beside it, other keywords count only from
-    draft 2019-09 on: the target's instances include the node's either way). Property
-    tests (a required discriminator, a closed object) speak for objects only.
+    Each schema is read as the conjunction of itself and its ``allOf`` branches; a ``$ref``
+    is judged by its target alone (beside it, other keywords count only from draft 2019-09
+    on: the target's instances include the node's either way). Property tests (a required
+    discriminator, a closed object) speak for objects only.
     """
-    a, b = _target(a, root), _target(b, root)
-    if a is False or b is False:
-        return KINDS
-    if not (isinstance(a, dict) and isinstance(b, dict)):
+    if _depth > _MAX_PROOF_DEPTH:
         return frozenset()
-    shared = _narrow_kinds(a, root) & _narrow_kinds(b, root)
-    va, vb = _values(a), _values(b)
-    if va is not None and vb is not None and not any(same_json(x, y) for x in va for y in vb):
+    conj_a, conj_b = _conjuncts(a, root), _conjuncts(b, root)
+    if False in conj_a or False in conj_b:
         return KINDS
-    if "object" in shared and _objects_apart(a, b, root):
+    shared = KINDS
+    for part in (*conj_a, *conj_b):
+        shared &= kinds_of(part)
+    values_a = [v for v in map(_values, conj_a) if v is not None]
+    values_b = [v for v in map(_values, conj_b) if v is not None]
+    for va, vb in itertools.product(values_a, values_b):
+        if not any(same_json(x, y) for x in va for y in vb):
+            return KINDS
+    if "object" in shared and _objects_apart(conj_a, conj_b, root, _depth):
         shared -= {"object"}
     return KINDS - shared
 
 
-def _objects_apart(a: dict, b: dict, root: Any) -> bool:
-    props_a, props_b = a.get("properties", {}), b.get("properties", {})
-    if not (isinstance(props_a, dict) and isinstance(props_b, dict)):
-        return False
-    required_a, required_b = _names(a.get("required")), _names(b.get("required"))
-    for name in required_a & required_b & props_a.keys() & props_b.keys():
-        if disjoint(props_a[name], props_b[name], root):
-            return True
-    return _closed_without(a, props_a, required_b) or _closed_without(b, props_b, required_a)
+_MAX_PROOF_DEPTH = 6  # nested discriminators followed; recursive schemas stop here
+
+
+def _conjuncts(schema: Any, root: Any, depth: int = 0) -> list[Any]:
+    """``schema`` (through ``$ref``s) and, recursively, its ``allOf`` branches: every
+    instance satisfies each. ``False`` among them when one accepts nothing."""
+    schema = _target(schema, root)
+    if schema is False:
+        return [False]
+    if not isinstance(schema, dict):
+        return []
+    found = [schema]
+    branches = schema.get("allOf")
+    if isinstance(branches, list) and depth < _MAX_PROOF_DEPTH:
+        for branch in branches:
+            found += _conjuncts(branch, root, depth + 1)
+    return found
+
+
+def _objects_apart(conj_a: list[dict], conj_b: list[dict], root: Any, depth: int) -> bool:
+    """No object satisfies both: a property both require with disjoint schemas, or a closed
+    object lacking a key the other requires."""
+    required_a = set().union(*(_names(c.get("required")) for c in conj_a))
+    required_b = set().union(*(_names(c.get("required")) for c in conj_b))
+    for name in sorted(required_a & required_b):
+        for sa, sb in itertools.product(_property(conj_a, name), _property(conj_b, name)):
+            if apart(sa, sb, root, depth + 1) == KINDS:
+                return True
+    return any(_closed_without(c, required_b) for c in conj_a) or any(
+        _closed_without(c, required_a) for c in conj_b
+    )
+
+
+def _property(conjuncts: list[dict], name: str) -> list[Any]:
+    """Every schema the conjuncts give property ``name``."""
+    found = []
+    for part in conjuncts:
+        named = part.get("properties")
+        if isinstance(named, dict) and name in named:
+            found.append(named[name])
+    return found
 
 
 def closed_keys(schema: Any, root: Any) -> frozenset[str] | None:
@@ -358,10 +395,11 @@ def closed_keys(schema: Any, root: Any) -> frozenset[str] | None:
     return frozenset(named) if closed and isinstance(named, dict) else None
 
 
-def _closed_without(schema: dict, properties: dict, names: set[str]) -> bool:
-    """``schema`` allows no other keys than ``properties``, and one of ``names`` is other."""
+def _closed_without(schema: dict, names: set[str]) -> bool:
+    """``schema`` allows no other keys than its ``properties``, and one of ``names`` is other."""
+    named = schema.get("properties", {})
     closed = schema.get("additionalProperties") is False and not schema.get("patternProperties")
-    return closed and bool(names - properties.keys())
+    return closed and isinstance(named, dict) and bool(names - named.keys())
 
 
 def _names(value: Any) -> set[str]:
@@ -377,17 +415,6 @@ def _target(schema: Any, root: Any, depth: int = 0) -> Any:
             return {}  # unknown: anything
         schema, depth = target, depth + 1
     return schema
-
-
-def _narrow_kinds(schema: dict, root: Any) -> frozenset[str]:
-    """``kinds_of``, narrowed by every ``allOf`` branch (each holds of every instance)."""
-    kinds = kinds_of(schema)
-    branches = schema.get("allOf")
-    if isinstance(branches, list):
-        for branch in branches:
-            target = _target(branch, root)
-            kinds &= kinds_of(target) if isinstance(target, dict | bool) else KINDS
-    return kinds
 
 
 def _values(schema: dict) -> list[Any] | None:
