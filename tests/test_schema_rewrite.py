@@ -207,7 +207,7 @@ def test_maskbench_schemas_accept_no_more_and_no_fewer():
         assert looser == [], path.name
         if not isinstance(validator(schema), OLD_DRAFTS):
             assert after == before, path.name
-    assert changed >= 2000  # measured: 2,242
+    assert changed >= 2000  # measured: 2,245
 
 
 REWRITTEN_KEYWORDS = {
