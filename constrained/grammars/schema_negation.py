@@ -397,9 +397,8 @@ def closed_keys(schema: Any, root: Any) -> frozenset[str] | None:
 
 def _closed_without(schema: dict, names: set[str]) -> bool:
     """``schema`` allows no other keys than its ``properties``, and one of ``names`` is other."""
-    named = schema.get("properties", {})
-    closed = schema.get("additionalProperties") is False and not schema.get("patternProperties")
-    return closed and isinstance(named, dict) and bool(names - named.keys())
+    keys = closed_keys(schema, None)
+    return keys is not None and bool(names - keys)
 
 
 def _names(value: Any) -> set[str]:

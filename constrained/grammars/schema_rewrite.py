@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from typing import Any
 
@@ -62,8 +63,10 @@ from constrained.grammars.schema_walk import (
 MAX_ONE_OF_BRANCHES = 8  # oneOf by negation costs n² negations
 
 
+@functools.lru_cache(maxsize=256)
 def rewrite_schema_text(text: str) -> str:
-    """``rewrite_schema`` over JSON text; the same text when nothing was rewritten."""
+    """``rewrite_schema`` over JSON text; the same text when nothing was rewritten. Cached:
+    ``auto`` asks once per backend it tries."""
     schema = json.loads(text)
     rewritten = rewrite_schema(schema)
     return text if rewritten == schema else json.dumps(rewritten, ensure_ascii=False)
