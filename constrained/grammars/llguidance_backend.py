@@ -119,6 +119,13 @@ class LLGuidanceMatcher:
         if num_tokens:
             self.inner.rollback(num_tokens)
 
+    def accepts_end(self) -> bool:
+        return self.error is None and self.inner.is_accepting()
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (llguidance's fast-forward tokens)."""
+        return list(self.inner.compute_ff_tokens()) if self.error is None else []
+
     @staticmethod
     def fill_many(pairs: list[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor) -> None:
         """Fill several rows in llguidance's thread pool, without the GIL."""

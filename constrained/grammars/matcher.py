@@ -39,6 +39,10 @@ class Matcher(Protocol):
         """Undo the last ``num_tokens`` consumed tokens (speculative drafts)."""
         ...
 
+    def accepts_end(self) -> bool:
+        """Whether the output so far is complete (end-of-sequence may come now)."""
+        ...
+
 
 def words_for(width: int) -> int:
     """Bitmask words for ``width`` logits."""

@@ -118,12 +118,16 @@ class OutlinesGrammar:
         return OutlinesMatcher(self)
 
 
+MAX_ROLLBACK = 512  # states kept (outlines-core's default is 32); a state is one integer
+
+
 class OutlinesMatcher:
     def __init__(self, grammar: OutlinesGrammar) -> None:
         from outlines_core import Guide
 
         self.eos = grammar.vocab.eos_token_id
-        self.inner = Guide(grammar.index)
+        # Rollback reaches back as far as a witness walk goes (grammars/closing.py).
+        self.inner = Guide(grammar.index, max_rollback=MAX_ROLLBACK)
         self.error: str | None = None
         self.finished = False
 
@@ -167,6 +171,9 @@ class OutlinesMatcher:
         if num_tokens:
             self.inner.rollback_state(num_tokens)
             self.finished = False
+
+    def accepts_end(self) -> bool:
+        return self.error is None and (self.finished or self.inner.is_finished())
 
 
 def _dump(grammar: OutlinesGrammar) -> bytes:

@@ -125,6 +125,9 @@ class XGrammarMatcher:
         if num_tokens:
             self.inner.rollback(num_tokens)
 
+    def accepts_end(self) -> bool:
+        return self.error is None and self.inner.is_completed()
+
 
 def _load(payload: bytes, vocab: Vocab) -> XGrammarGrammar:
     import xgrammar
