@@ -145,13 +145,33 @@ def tokenizer_path(model_config: Any) -> str:
     return str(getattr(model_config, "tokenizer", None) or model_config.model)
 
 
-def compile_constraint(options: Options, model_config: Any, tokenizer: Any = None) -> None:
+def closes_at_budget(options: Options, params: Any) -> bool:
+    """Whether a constrained request finishes by its ``max_tokens`` (``close_at_max_tokens``)."""
+    return (
+        options.constraint() is not None
+        and options.close_at_max_tokens is not False
+        and getattr(params, "max_tokens", None) is not None
+        and not getattr(params, "ignore_eos", False)
+    )
+
+
+# Admission looks this far for a complete output when max_tokens is larger: a request whose
+# constraint needs more is admitted, and the engine looks again as the budget runs down.
+ADMISSION_WITNESS_TOKENS = 256
+
+
+def compile_constraint(
+    options: Options, model_config: Any, tokenizer: Any = None, max_tokens: int | None = None
+) -> None:
     """Compile the request's constraint (if any) with the served tokenizer, or refuse it.
 
     The compile is cached, so the engine's own compile of the same constraint is a hit.
+    With ``max_tokens`` (and ``close_at_max_tokens`` on), also refuse a budget too small for
+    any complete output we can find (``grammars/closing.py``).
 
     Raises:
-        OptionError: naming the constraint's field, when it does not compile in time.
+        OptionError: naming the constraint's field, when it does not compile in time;
+            naming ``max_tokens`` when no complete output fits in it.
     """
     from constrained.grammars import GrammarError, compiler_for, load_vocab
 
@@ -161,22 +181,54 @@ def compile_constraint(options: Options, model_config: Any, tokenizer: Any = Non
     width = int(model_config.get_vocab_size())
     vocab = load_vocab(tokenizer_path(model_config), width, hf_tokenizer=tokenizer)
     try:
-        compiler_for(vocab).compile(spec)
+        grammar = compiler_for(vocab).compile(spec)
     except GrammarError as exc:
         raise OptionError(spec.kind, str(exc)) from None
     except Exception as exc:  # a backend bug is still this request's problem only
         raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
+    if max_tokens is not None and options.close_at_max_tokens is not False:
+        check_budget(grammar, vocab, spec.kind, max_tokens)
+
+
+def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int) -> None:
+    """Refuse a ``max_tokens`` no complete output of the constraint fits in."""
+    from constrained.grammars.closing import find_witness
+
+    witness = getattr(grammar, "root_witness", False)  # one walk per compiled grammar
+    if witness is False:
+        witness = find_witness(grammar.matcher(), vocab, ADMISSION_WITNESS_TOKENS)
+        grammar.root_witness = witness
+    if witness is None:
+        if max_tokens > ADMISSION_WITNESS_TOKENS:
+            return  # the engine looks again as the budget runs down (docs/budget.md)
+        raise OptionError(
+            "max_tokens",
+            f"is {max_tokens}, and no complete output of this {kind} was found within "
+            f"{ADMISSION_WITNESS_TOKENS} tokens; raise max_tokens, or set "
+            "close_at_max_tokens=false to let the output be cut at max_tokens",
+        )
+    needed = len(witness) + 1  # and end-of-sequence
+    if needed > max_tokens:
+        raise OptionError(
+            "max_tokens",
+            f"is {max_tokens}, but the shortest complete output of this {kind} found needs "
+            f"{needed} tokens (end-of-sequence included); raise max_tokens to at least "
+            f"{needed}, or set close_at_max_tokens=false to let the output be cut",
+        )
 
 
 # ---- the three entry points -----------------------------------------------------------------
 
 
-def _check(options: Options | None, model_config: Any, tokenizer: Any = None) -> None:
+def _check(
+    options: Options | None, model_config: Any, tokenizer: Any = None, params: Any = None
+) -> None:
     if options is None:
         return
     registered = getattr(model_config, "logits_processors", None) or ()
     refuse_unregistered(options, registered)
-    compile_constraint(options, model_config, tokenizer)
+    closes = params is not None and closes_at_budget(options, params)
+    compile_constraint(options, model_config, tokenizer, params.max_tokens if closes else None)
 
 
 def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
@@ -186,7 +238,7 @@ def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
         OptionError: the first problem, naming the option.
     """
     width = int(model_config.get_vocab_size())
-    _check(options_from_params(params, logits_width=width), model_config, tokenizer)
+    _check(options_from_params(params, logits_width=width), model_config, tokenizer, params)
 
 
 def validate_at_admission(params: Any) -> None:
@@ -195,11 +247,14 @@ def validate_at_admission(params: Any) -> None:
     admit(params, owner.model_config, loaded_tokenizer(owner))
 
 
-def check_xargs(xargs: Any, vllm_config: Any = None, tokenizer: Any = None) -> str | None:
+def check_xargs(
+    xargs: Any, vllm_config: Any = None, tokenizer: Any = None, budget: Any = None
+) -> str | None:
     """The error admission would give these ``vllm_xargs``, or ``None`` (server middleware).
 
     Compiles the constraint (cached, and saved to the store), so vLLM's own admission of the
-    same request, on the event loop, finds it compiled."""
+    same request, on the event loop, finds it compiled. ``budget``: the request's
+    ``max_tokens`` and ``ignore_eos`` (attributes), when it gave them."""
     if not isinstance(xargs, dict):
         return None  # vLLM's request model refuses it
     model_config = getattr(vllm_config, "model_config", None)
@@ -207,7 +262,7 @@ def check_xargs(xargs: Any, vllm_config: Any = None, tokenizer: Any = None) -> s
     try:
         options = parse_extra_args(xargs, logits_width=width)
         if model_config is not None:
-            _check(options, model_config, tokenizer)
+            _check(options, model_config, tokenizer, budget)
     except OptionError as exc:
         return str(exc)
     except Exception:  # anything unexpected: let the engine's own check answer

@@ -150,6 +150,11 @@ class Options(BaseModel):
             about extra keys get none (as vLLM's option of that name and xgrammar's strict
             mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
             keys allowed).
+        close_at_max_tokens: with ``json_schema``, ``regex`` or ``grammar``. ``True``
+            (default): the output finishes, complete and valid, within ``max_tokens``: near
+            the budget only tokens that still leave a complete output in time are allowed,
+            and a ``max_tokens`` too small for any complete output is refused.
+            ``False``: the output is cut at ``max_tokens`` (``finish_reason="length"``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -168,6 +173,7 @@ class Options(BaseModel):
     whitespace: Whitespace | None = None
     max_whitespace: StrictInt | None = None
     disable_additional_properties: StrictBool | None = None
+    close_at_max_tokens: StrictBool | None = None
     dry_multiplier: Number | None = None
     dry_base: Number | None = None
     dry_allowed_length: StrictInt | None = None
@@ -343,7 +349,7 @@ class Options(BaseModel):
                 given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
             )
         if not given:
-            for name in ("grammar_backend", *JSON_ONLY_FIELDS):
+            for name in ("grammar_backend", "close_at_max_tokens", *JSON_ONLY_FIELDS):
                 if getattr(self, name) is not None:
                     raise OptionError(name, "has no effect without json_schema, regex or grammar")
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from starlette.requests import Request
@@ -36,6 +37,15 @@ def frontend_tokenizer(state: Any) -> Any:
     return loaded_tokenizer(input_processor) if input_processor is not None else None
 
 
+def request_budget(data: dict[str, Any]) -> SimpleNamespace | None:
+    """The request's ``max_tokens`` and ``ignore_eos``; ``None`` when it gives no max_tokens
+    (vLLM then sets the model's remaining context, which this check cannot see)."""
+    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        return None
+    return SimpleNamespace(max_tokens=max_tokens, ignore_eos=data.get("ignore_eos") is True)
+
+
 async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response:
     if request.method == "POST" and request.url.path in CHECKED_PATHS:
         body = await request.body()  # Starlette keeps it for the handler
@@ -47,7 +57,10 @@ async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response
             state = request.app.state
             config = getattr(state, "vllm_config", None)
             tokenizer = frontend_tokenizer(state)
-            message = await asyncio.to_thread(check_xargs, data["vllm_xargs"], config, tokenizer)
+            budget = request_budget(data)
+            message = await asyncio.to_thread(
+                check_xargs, data["vllm_xargs"], config, tokenizer, budget
+            )
             if message is not None and data.get("stream"):
                 error = {"message": message, "type": "BadRequestError", "param": None,
                          "code": 400}  # fmt: skip

@@ -28,6 +28,12 @@ LOOP_SCHEMA = json.dumps(
     {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 )
 
+# Its shortest complete output is about a dozen tokens.
+THREE_STRINGS = json.dumps(
+    {"type": "object", "required": ["first", "second", "third"],
+     "properties": {k: {"type": "string"} for k in ("first", "second", "third")}}
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Bad:
@@ -52,6 +58,15 @@ CORPUS: list[Bad] = [
         "disable-additional-string",
         {"json_schema": "{}", "disable_additional_properties": "yes"},
         "disable_additional_properties",
+    ),
+    Bad("close-string", {"json_schema": "{}", "close_at_max_tokens": "yes"}, "close_at_max_tokens"),
+    Bad("close-without-constraint", {"close_at_max_tokens": True}, "close_at_max_tokens"),
+    # a budget no complete output fits in (close_at_max_tokens is on by default)
+    Bad(
+        "max-tokens-below-shortest-output",
+        {"json_schema": THREE_STRINGS},
+        "max_tokens",
+        builtin={"max_tokens": 3},
     ),
     # NaN and infinities
     Bad("min_p-nan", {"min_p": NAN}, "min_p"),

@@ -60,6 +60,7 @@ class Request:
     params: SamplingParams
     prompt: list[int]
     output: list[int] = field(default_factory=list)
+    done: bool = False  # finished (end-of-sequence or max_tokens): leaves at the next step
 
 
 class V1Batch:
@@ -74,12 +75,12 @@ class V1Batch:
     def step(self, new_requests: list[Request]) -> BatchUpdate | None:
         rng = self.rng
         removed: list[int] = []
-        for i, _ in enumerate(self.rows):
-            if rng.random() < 0.15:
+        for i, req in enumerate(self.rows):
+            if req.done or rng.random() < 0.15:
                 removed.append(i)
         holes = sorted(removed)
         for i in removed:
-            if rng.random() < 0.3:  # preempted: comes back later with its output
+            if not self.rows[i].done and rng.random() < 0.3:  # preempted: back with its output
                 self.preempted.append(self.rows[i])
         slots: list[Request | None] = list(self.rows)
         for i in removed:

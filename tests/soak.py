@@ -183,7 +183,8 @@ def preemptions(base: str) -> float:
     text = httpx.get(base + "/metrics", timeout=30).text
     total = 0.0
     for line in text.splitlines():
-        if line.startswith("vllm:num_preemptions") and not line.startswith("#"):
+        # The counter, not its ``_created`` timestamp.
+        if line.startswith("vllm:num_preemptions") and "_created" not in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 

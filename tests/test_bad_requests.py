@@ -76,7 +76,8 @@ def _sampling_params(case: Bad):
         builtin["structured_outputs"] = StructuredOutputsParams(json=builtin["structured_outputs"])
     if "logit_bias" in builtin:
         builtin["logit_bias"] = {int(k): v for k, v in builtin["logit_bias"].items()}
-    return SamplingParams(max_tokens=4, extra_args=case.xargs, **builtin)
+    builtin.setdefault("max_tokens", 4)
+    return SamplingParams(extra_args=case.xargs, **builtin)
 
 
 @pytest.mark.engine

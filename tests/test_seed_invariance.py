@@ -157,6 +157,8 @@ def layout(setting: Setting) -> list[tuple[str | None, Request, int]]:
         grammar = options is not None and any(
             k in options for k in ("json_schema", "regex", "grammar")
         )
+        if grammar:  # fillers end early: cut at their max_tokens, not closed or refused
+            options = {**options, "close_at_max_tokens": False}
         params = dict(
             temperature=rng.choice([0.0, 0.6, 1.0, 1.4]),
             seed=rng.randrange(10_000),

@@ -76,6 +76,16 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "prefix_hits": 8,
         "multi_token_commits": 15,
     },
+    "budget_closing": {
+        "constrained_rows": 1800,
+        "narrowed_rows": 700,
+        "closing_draft_rows": 140,
+        "finished": 22,
+        "finished_at_budget": 4,
+        "resumed_closing": 5,
+        "multi_call_steps": 40,
+        "recycled_slots": 70,
+    },
     "truncation_samplers": {
         "sampler_rows": 280,
         "sampler_draft_rows": 120,
@@ -185,6 +195,14 @@ def test_grammar_masks() -> None:
     counts = check_counts("grammar_masks")
     assert set(counts["kinds"]) == {"grammar", "json_schema", "regex"}, counts["kinds"]
     assert counts["host_fetches"] >= 30, counts  # the fetch ran, once per constrained call
+
+
+def test_budget_closing() -> None:
+    """``close_at_max_tokens`` on vLLM's real V2 sampler: every row allows a subset of what the
+    grammar allows, and every request, drafts accepted where its rows allow them, preempted
+    and resumed mid-closing, ends with end-of-sequence by ``max_tokens``, its output
+    complete."""
+    check_counts("budget_closing")
 
 
 def test_penalty_placeholders() -> None:

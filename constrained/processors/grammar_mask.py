@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from constrained.admission import spec_of, tokenizer_path
+from constrained.admission import closes_at_budget, spec_of, tokenizer_path
 from constrained.grammars import compiler_for, load_vocab
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.closing_plan import PlanShelf
 from constrained.processors.functional import apply_token_bitmask
 from constrained.processors.mask_fill import MaskWriter, RowState, V1MaskFill, V2MaskFill
 from constrained.processors.runners import Rows
@@ -44,7 +45,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
 
     OPTIONS = frozenset(
         {"json_schema", "regex", "grammar", "grammar_backend", "whitespace", "max_whitespace",
-         "disable_additional_properties"}
+         "disable_additional_properties", "close_at_max_tokens"}
     )  # fmt: skip
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -54,9 +55,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.vocab = load_vocab(tokenizer_path(vllm_config.model_config), self.logits_width)
         self.vocab.warm_in_background()  # ready long before the first request, not in its way
         self.compiler = compiler_for(self.vocab)
-        self.writer = MaskWriter(self.vocab.width, self.vocab.eos_token_id, self.layout.device)
+        self.writer = MaskWriter(self.vocab, self.layout.device)
         fill = self.layout.pick(V1MaskFill, V2MaskFill)
         self.fill = fill(self.writer, self.slots, self.layout)
+        self.shelf = PlanShelf()  # budget plans, kept across preemption
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -72,7 +74,9 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             return False
         output_ids = tokens[1] if tokens is not None else None
         self.slots.write(slot, constrained=True)
-        self.slots.payload[slot] = RowState(spec, self.compiler.submit(spec), output_ids)
+        closes = closes_at_budget(options, params)
+        plan = self.shelf.plan_for(params, params.max_tokens) if closes else None
+        self.slots.payload[slot] = RowState(spec, self.compiler.submit(spec), output_ids, plan)
         return True
 
     def update_state(self, batch_update: Any) -> None:
@@ -83,7 +87,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.fill.after_update(batch_update)
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-        masked = self.fill.rows_to_mask(rows)
+        masked = self.fill.rows_to_mask(rows, logits)
         if masked:
             apply_token_bitmask(logits, self.writer.on_device(rows.count), masked)
         return logits

@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from vllm.logger import init_logger
 
-from constrained.grammars import GrammarSpec
+from constrained.grammars import GrammarSpec, Vocab
+from constrained.grammars.closing import allowed_ids
 from constrained.grammars.llguidance_backend import LLGuidanceMatcher
 from constrained.grammars.matcher import Matcher, fill_only, words_for
+from constrained.processors.closing_plan import CANDIDATES, ClosingPlan
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
@@ -38,6 +40,7 @@ class RowState:
     spec: GrammarSpec
     compiled: Future
     output_ids: list[int] | None  # V1's live output list; None under V2
+    plan: ClosingPlan | None = None  # finishing by max_tokens (None: closing is off)
     matcher: Matcher | None = None
     consumed: int = 0
     failed: bool = False
@@ -61,11 +64,16 @@ class RowState:
 class MaskWriter:
     """The host bitmask (one int32 row of ``ceil(width / 32)`` words per logits row)."""
 
-    def __init__(self, width: int, eos: int, device: torch.device) -> None:
-        self.eos = eos
-        self.bitmask = torch.zeros(0, words_for(width), dtype=torch.int32)
+    def __init__(self, vocab: Vocab, device: torch.device) -> None:
+        self.vocab = vocab
+        self.eos = vocab.eos_token_id
+        self.bitmask = torch.zeros(0, words_for(vocab.width), dtype=torch.int32)
+        self.scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)  # witness walks
         self._uploader = Uploader(device)
         self._llguidance: list[tuple[LLGuidanceMatcher, int]] = []
+        # Rows closing this step (restricted in ``close``, once the logits are known).
+        self._closing: list[tuple[int, RowState]] = []
+        self._closing_drafts: list[tuple[int, RowState, list[int]]] = []
 
     def ensure_rows(self, num_rows: int) -> None:
         if self.bitmask.shape[0] < num_rows:
@@ -80,6 +88,11 @@ class MaskWriter:
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
                 state.consumed += len(new)
+                plan = state.plan
+                if plan is not None and matcher.error is None:
+                    plan.after_tokens(matcher, self.vocab, new, state.consumed, self.scratch)
+                    if plan.closing:
+                        self._closing.append((row, state))
                 self._write(matcher, row)
                 return
         except Exception:
@@ -97,6 +110,17 @@ class MaskWriter:
         tokens = drafts[: negative[0] if negative.size else len(drafts)].tolist()
         matcher = state.matcher
         if matcher is None or matcher.error is not None:
+            fill_only(self.bitmask, row, [self.eos])
+            return
+        if state.plan is not None and state.plan.closing:  # written in ``close``
+            self._closing_drafts.append((row, state, tokens))
+            return
+        self._fill_after(state, row, tokens)
+
+    def _fill_after(self, state: RowState, row: int, tokens: list[int]) -> None:
+        """Write the grammar's row after ``tokens`` (then undo them)."""
+        matcher = state.matcher
+        if matcher is None:
             fill_only(self.bitmask, row, [self.eos])
             return
         try:
@@ -123,9 +147,55 @@ class MaskWriter:
             pairs, self._llguidance = self._llguidance, []
             LLGuidanceMatcher.fill_many(pairs, self.bitmask)
 
+    def close(
+        self, logits: torch.Tensor, top: np.ndarray | None = None, may_fetch: bool = True
+    ) -> None:
+        """Narrow the closing rows to tokens that still finish in time (``ClosingPlan``).
+
+        The candidates are each row's most likely tokens: ``top`` (every row's, fetched with
+        V2's one copy), or one small top-k of the closing rows read here when ``may_fetch``
+        (V1: on a GPU, a device-to-host copy in steps where some request is closing).
+        Otherwise (V2, a request that closes from its first step) only the witness's token.
+        """
+        closing, self._closing = self._closing, []
+        drafts, self._closing_drafts = self._closing_drafts, []
+        if not closing:
+            for row, state, tokens in drafts:  # their main row was not closing after all
+                self._fill_after(state, row, tokens)
+            return
+        if top is None and not may_fetch:
+            top_of = {row: np.zeros(0, dtype=np.int64) for row, _ in closing}
+        elif top is None:
+            rows = [row for row, _ in closing]
+            index = torch.tensor(rows, device=logits.device)
+            picked = logits.index_select(0, index).topk(top_k(logits), dim=1).indices
+            top_of = dict(zip(rows, fetch_to_host(picked), strict=True))
+        else:
+            top_of = {row: top[row] for row, _ in closing}
+        for row, state in closing:
+            candidates = top_of[row]
+            matcher, plan = state.matcher, state.plan
+            if matcher is None or plan is None or matcher.error is not None:
+                continue
+            allowed = allowed_ids(self.bitmask[row], self.vocab.width)
+            keep = plan.restrict(
+                matcher, self.vocab, candidates.tolist(), allowed, state.consumed, self.scratch
+            )
+            fill_only(self.bitmask, row, keep)
+        for row, state, tokens in drafts:
+            keep = state.plan.draft_allows(tokens, self.eos) if state.plan else None
+            if keep is None:  # off the checked path: the target rejects this row's sample
+                self._fill_after(state, row, tokens)
+            else:
+                fill_only(self.bitmask, row, keep)
+
     def on_device(self, num_rows: int) -> torch.Tensor:
         """The first ``num_rows`` rows on the logits' device (non-blocking upload)."""
         return self._uploader.upload({"bitmask": self.bitmask}, rows=num_rows)["bitmask"][:num_rows]
+
+
+def top_k(logits: torch.Tensor) -> int:
+    return min(CANDIDATES, logits.shape[1])
 
 
 class V1MaskFill:
@@ -171,9 +241,9 @@ class V1MaskFill:
         self.writer.finish()
         self._filled = done
 
-    def rows_to_mask(self, rows: Rows) -> list[int]:
-        """Finish the fill (rows whose token was a placeholder at update time) and return
-        the rows to mask."""
+    def rows_to_mask(self, rows: Rows, logits: torch.Tensor) -> list[int]:
+        """Finish the fill (rows whose token was a placeholder at update time), narrow the
+        closing rows, and return the rows to mask."""
         self.before_update()
         ours = self._ours(rows.count)
         missing = sorted(set(ours) - set(self._filled))
@@ -183,6 +253,7 @@ class V1MaskFill:
                 state: RowState = self.slots.payload[row]
                 self.writer.advance(state, state.output_ids[state.consumed :], row)  # type: ignore[index]
             self.writer.finish()
+        self.writer.close(logits)
         return ours
 
 
@@ -200,14 +271,15 @@ class V2MaskFill:
     def after_update(self, batch_update: Any) -> None:
         """V2 never calls ``update_state``."""
 
-    def rows_to_mask(self, rows: Rows) -> list[int]:
+    def rows_to_mask(self, rows: Rows, logits: torch.Tensor) -> list[int]:
         """Rows are (request, draft position) pairs; drafts are matched then undone.
 
         The host needs the tokens the device sampled, so this is the step's one
         device-to-host sync: one copy of the row layout and of each constrained request's
         committed tokens its matcher has not seen (gathered on the device from
         ``req_states.all_token_ids``; ``ctx.seq_lens_upper_bound_np`` bounds how many). So a
-        resumed request, or accepted drafts, cost no extra sync.
+        resumed request, or accepted drafts, cost no extra sync. When a request may be
+        closing (``ClosingPlan.near``), every row's top-k token ids ride in the same copy.
         """
         ctx, num_rows = rows.ctx, rows.count
         batch_slots = ctx.idx_mapping_np
@@ -224,8 +296,16 @@ class V2MaskFill:
         index = index.to(tokens.device, non_blocking=True)
         layout = (ctx.expanded_idx_mapping, ctx.expanded_local_pos, ctx.input_ids, ctx.pos)
         per_row = torch.stack([t.long() for t in layout]).flatten()
-        host = fetch_to_host(torch.cat([per_row, tokens[index[0], index[1]].long()]))
+        parts = [per_row, tokens[index[0], index[1]].long()]
+        near = any(self._near(self.slots.payload[s]) for s in slots)
+        if near:
+            parts.append(logits[:num_rows].topk(top_k(logits), dim=1).indices.flatten())
+        host = fetch_to_host(torch.cat(parts))
         row_slot, local, input_ids, pos = host[: 4 * num_rows].reshape(4, num_rows)
+        top = None
+        if near:
+            top = host[-num_rows * top_k(logits) :].reshape(num_rows, top_k(logits))
+            host = host[: -num_rows * top_k(logits)]
         history = host[4 * num_rows :]
         unseen = {int(s): (int(o), int(b)) for s, o, b in zip(slots, offsets, start, strict=True)}
 
@@ -242,4 +322,9 @@ class V2MaskFill:
             else:  # row k of a request: drafts fed at its rows 1..k
                 self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
         self.writer.finish()
+        self.writer.close(logits, top, may_fetch=False)  # the step's one copy is spent
         return ours
+
+    @staticmethod
+    def _near(state: RowState) -> bool:
+        return state.plan is not None and state.plan.near(state.consumed)

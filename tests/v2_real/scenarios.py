@@ -574,9 +574,9 @@ def grammar_masks() -> dict:
             temperature = rng.choice([1.0, 0.7]) if extra else 1.0
             long = rng.random() < 0.25
             prompt = random_tokens(rng, rng.randint(60, 150) if long else rng.randint(3, 12), 1000)
-            req = Req(
-                f"r{next_id}", SamplingParams(temperature=temperature, extra_args=extra), prompt
-            )
+            # A budget never reached: the rows equal the grammar's (closing: budget_closing).
+            params = SamplingParams(temperature=temperature, max_tokens=10_000, extra_args=extra)
+            req = Req(f"r{next_id}", params, prompt)
             reqs.append(req)
             admit_fresh(runner, req, rng)
             fresh.add(req.req_id)
@@ -639,6 +639,129 @@ def grammar_masks() -> dict:
             stats["constrained_resumed_rows"] += req.prefill_len > len(req.prompt)
         runner.commit(step, sample_step(step, processed, rng))
     stats["kinds"] = sorted(kinds_seen)
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
+# ---- 2b. budget closing ------------------------------------------------------------------
+
+
+@scenario
+def budget_closing() -> dict:
+    """Constrained requests with budgets from just enough up: every row allows a subset of
+    what the grammar allows, and every request ends with end-of-sequence by ``max_tokens``,
+    its output complete; with drafts (accepted only where the processed row allows them),
+    placeholders, preemption (resumed with the output so far) and chunked calls."""
+    from tests.test_budget_closing import CASES
+    from tests.test_grammar_bookkeeping import WIDTH, Reference
+
+    from constrained.grammars import GrammarSpec, compile_now, load_vocab
+    from constrained.grammars.closing import completes, find_witness
+    from constrained.tiny_model import build_tiny_model
+
+    rng = random.Random(11)
+    torch.manual_seed(11)
+    capacity, num_spec = 10, 3
+    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=WIDTH,
+        num_spec=num_spec,
+        max_model_len=512,
+        max_num_batched_tokens=1024,
+    )
+    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    vocab = reference.vocab
+    eos = vocab.eos_token_id
+
+    def spec(extra: dict) -> GrammarSpec:
+        kind = next(k for k in ("regex", "grammar", "json_schema") if k in extra)
+        return GrammarSpec(kind, extra[kind], extra["grammar_backend"])
+
+    cases = [{**extra, "grammar_backend": backend} for extra, backend in CASES]
+    needs = [len(find_witness(compile_now(spec(c), vocab).matcher(), vocab, 200)) for c in cases]
+    stats = {"constrained_rows": 0, "closing_draft_rows": 0, "narrowed_rows": 0,
+             "finished": 0, "finished_at_budget": 0, "resumed_closing": 0}  # fmt: skip
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+
+    def ended(req: Req) -> bool:
+        return eos in req.output or len(req.output) >= req.params.max_tokens
+
+    for step_no in range(220):
+        for req in list(reqs):
+            if req.slot is None:
+                continue
+            if ended(req):
+                runner.finish(req)
+                reqs.remove(req)
+                output = req.output[: req.params.max_tokens]
+                check(eos in output, f"{req.req_id} cut at max_tokens: {req.output}")
+                body = output[: output.index(eos)]
+                extra = req.params.extra_args
+                matcher = compile_now(spec(extra), vocab).matcher()
+                check(completes(matcher, body), f"{req.req_id} {extra}: incomplete {body}")
+                stats["finished"] += 1
+                stats["finished_at_budget"] += len(output) == req.params.max_tokens
+            elif req.output and rng.random() < 0.06:
+                runner.finish(req)
+                reqs.remove(req)
+                parked.append(req)  # preempted: back later with its output
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+            left = req.params.max_tokens - len(req.output)
+            stats["resumed_closing"] += left <= 12
+        for _ in range(rng.randint(0, 2)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            which = rng.randrange(len(cases))
+            budget = needs[which] + 1 + rng.randint(0, 14)
+            params = SamplingParams(temperature=1.0, max_tokens=budget, extra_args=cases[which])
+            prompt = random_tokens(rng, rng.randint(3, 40), 1000)
+            req = Req(f"r{next_id}", params, prompt)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id not in fresh and rng.random() > 0.85:
+                continue
+            drafts: list[int] = []
+            if not req.prefilling:
+                for _ in range(rng.choice([0, 1, 2, 3])):
+                    ok = reference.allowed(req.params.extra_args, req.output + drafts)
+                    ok = ok.nonzero().flatten()
+                    drafts.append(int(ok[rng.randrange(ok.numel())]))
+            plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, WIDTH)
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        for row in step.rows:
+            req = row.req
+            seen = row.seen_output()
+            allowed = reference.allowed(req.params.extra_args, seen)
+            got = torch.isfinite(processed[row.index])
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            check(bool(got.any()), f"{at}: every token masked")
+            if eos in seen:
+                continue  # after an accepted end-of-sequence draft: vLLM stops there
+            extra_ids = (got & ~allowed).nonzero().flatten()[:5].tolist()
+            check(not extra_ids, f"{at} {req.params.extra_args}: allows {extra_ids} after {seen}")
+            left = req.params.max_tokens - len(seen)
+            stats["constrained_rows"] += 1
+            stats["narrowed_rows"] += int(got.sum()) < int(allowed.sum())
+            stats["closing_draft_rows"] += row.local > 0 and not row.placeholder and left <= 12
+        runner.commit(step, sample_step(step, processed, rng))
     stats.update(vars(runner.counters))
     stats.update(runner.sync_guard.counts())
     return stats

@@ -90,6 +90,7 @@ class SyncGuard(TorchFunctionMode):
             writer = getattr(proc, "writer", None)
             if writer is not None:  # the host bitmask (reallocated as batches grow)
                 self.host_buffers.append(lambda writer=writer: writer.bitmask)
+                self.host_buffers.append(lambda writer=writer: writer.scratch)  # witness walks
             for method in ("apply", "apply_staged_writes"):
                 setattr(proc, method, self._guarded(getattr(proc, method), proc, method))
 

@@ -1,0 +1,183 @@
+"""Finishing inside a token budget: a complete output we can reach, and tokens that keep one.
+
+No backend says how many tokens its constraint still needs (llguidance, xgrammar and
+outlines-core expose the next-token mask, forced tokens and rollback, not a distance), so we
+find a *witness*: a concrete token sequence that completes the output from the matcher's
+state, found by walking the matcher's own masks and taking, at each step, the allowed token
+that best closes what is open (``"``, ``}``, ``]``, then short complete values such as ``0``,
+``""``, ``[]``, then separators, then single characters; a token already used in the walk is
+taken later, so a walk does not circle; where the matcher knows the tokens the grammar
+forces next, llguidance's fast-forward tokens, it takes those). Its length is an upper
+bound of the tokens needed: the guarantee rests only on checks the matcher itself makes (the
+witness is consumed and ``accepts_end`` holds), never on the ranking.
+
+A token ``t`` *keeps a completion* with ``r`` tokens left (end-of-sequence included) when
+``t`` followed by a known suffix is consumed and complete in ``r - 1`` tokens
+(``keeps_completion``). docs/budget.md describes how the grammar processor uses both.
+
+Example::
+
+    witness = find_witness(matcher, vocab, limit=64)    # e.g. ids of '"', '}' : 2 tokens
+    suffix = keeps_completion(matcher, token, [witness[1:], witness], room=10)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from constrained.grammars.matcher import words_for
+
+if TYPE_CHECKING:
+    from constrained.grammars.matcher import Matcher
+    from constrained.grammars.vocab import Vocab
+
+# Witness walks stop here: a walk costs one mask per token, so it is bounded even when the
+# budget is not (a constraint that needs more is refused at admission or left unclosed).
+MAX_WITNESS_TOKENS = 256
+_NEVER = np.int32(1 << 30)  # rank of tokens a witness never uses (special, empty)
+_CLOSER = 10  # ranks up to this close a string, object or array
+_LOOKAHEAD = 128  # tokens tried for "can the string close after it" inside a string
+_REUSE_COST = 16  # added to a token's rank each time the walk has used it
+
+
+def _rank(piece: bytes, closers_first: bool) -> int:
+    """How well a token finishes an output; lower is better.
+
+    Two orders, tried in turn: ``closers_first`` (close strings, objects and arrays as soon
+    as the grammar lets them, with the shortest values), and one for string content that a
+    ``pattern`` or ``format`` shapes (a ``}`` is valid inside an e-mail address, and taking it
+    first would never reach the ``@``).
+    """
+    if not piece or b"\\" in piece:  # a backslash only starts escapes: never needed
+        return int(_NEVER)
+    if all(byte == ord('"') for byte in piece):
+        return 0
+    if all(byte in b'"]}' for byte in piece):
+        return _CLOSER - len(piece) if closers_first else 70  # '"}}' closes three things at once
+    if piece in (b'""', b"[]", b"{}", b"null", b"true", b"false"):
+        return 20
+    if len(piece) == 1:
+        char = chr(piece[0])
+        if char in ",:":
+            return 30
+        if char in "0123456789":
+            # '1' first, '0' last: a closed date is 1234-05-16, never year 0000, which
+            # RFC 3339 allows but Python's date (and so pydantic, jsonschema) refuses
+            return 40 + (int(char) - 1) % 10
+        if char.isascii() and char.isalpha():
+            return (50 if char.islower() else 60) + ord(char.lower()) - ord("a")
+        if char.isascii() and not char.isspace():
+            return 49 if closers_first else 25  # '@', '.', '-': what patterns ask for
+        return 120  # whitespace and non-ASCII bytes: only when nothing else fits
+    return 150 + len(piece)
+
+
+def token_ranks(vocab: Vocab, closers_first: bool = True) -> np.ndarray:
+    """Each token id's finishing rank in one of the two orders (built once per vocabulary)."""
+
+    def build() -> np.ndarray:
+        pieces = vocab.token_bytes()
+        ranks = np.array([_rank(piece, closers_first) for piece in pieces], dtype=np.int32)
+        ranks[vocab.eos_token_id] = _NEVER
+        return ranks
+
+    return vocab._once(f"closing_ranks_{closers_first}", build)
+
+
+def allowed_ids(bitmask_row: torch.Tensor, width: int) -> np.ndarray:
+    """The allowed-token booleans of one int32 bitmask row."""
+    words = bitmask_row.numpy().view(np.uint8)
+    return np.unpackbits(words, bitorder="little")[:width].astype(bool)
+
+
+def find_witness(
+    matcher: Matcher, vocab: Vocab, limit: int, scratch: torch.Tensor | None = None
+) -> list[int] | None:
+    """Tokens (end-of-sequence not included) that complete the output from ``matcher``'s
+    state, at most ``limit`` of them; ``None`` when the walk finds none in time.
+
+    The matcher is left where it was (every consumed token is rolled back). ``scratch``: a
+    host int32 bitmask row to fill (one is made if not given).
+    """
+    limit = min(limit, MAX_WITNESS_TOKENS)
+    orders = (token_ranks(vocab, True), token_ranks(vocab, False))
+    quote = int(orders[0].argmin())  # '"', the closer ranked first
+    used = np.zeros(vocab.width, dtype=np.int32)
+    if scratch is None:
+        scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+    path: list[int] = []
+    forced = getattr(matcher, "forced", None)  # llguidance: forced tokens, fewest first
+    try:
+        while not matcher.accepts_end():
+            if len(path) >= limit:
+                return None
+            ahead = forced()[: limit - len(path)] if forced is not None else []
+            if ahead:
+                taken = matcher.try_consume(ahead)
+                path.extend(ahead[:taken])
+                if taken:
+                    continue
+            matcher.fill(scratch, 0)
+            allowed = allowed_ids(scratch[0], vocab.width)
+            # Most of the vocabulary allowed: inside a string, where the content order works.
+            in_string = np.count_nonzero(allowed) > vocab.width // 4
+            ranks = orders[int(in_string)]
+            cost = np.where(allowed, ranks + used, _NEVER)
+            token = _closing_next(matcher, cost, quote) if in_string else None
+            if token is None:
+                token = int(cost.argmin())
+            if not allowed[token] or ranks[token] >= _NEVER:
+                return None
+            if matcher.try_consume([token]) != 1:
+                return None
+            path.append(token)
+            if ranks[token] > _CLOSER:  # closing never circles; anything else may
+                used[token] += _REUSE_COST
+        return path
+    finally:
+        matcher.rollback(len(path))
+
+
+def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
+    """Inside a string: the cheapest of the ``_LOOKAHEAD`` cheapest tokens after which the
+    string can close (``"``) or the output is complete (a ``pattern`` like ``[a-z]x`` needs
+    the right character before the quote; ranks alone would try every other first)."""
+    few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
+    for token in few[np.argsort(cost[few], kind="stable")].tolist():
+        if cost[token] >= _NEVER or token == quote:
+            break
+        taken = matcher.try_consume([token])
+        if not taken:
+            continue
+        complete = matcher.accepts_end()
+        quoted = not complete and matcher.try_consume([quote]) == 1
+        matcher.rollback(taken + int(quoted))
+        if complete or quoted:
+            return token
+    return None
+
+
+def completes(matcher: Matcher, tokens: Sequence[int]) -> bool:
+    """Whether ``tokens`` are all consumed and leave the output complete (matcher unchanged)."""
+    accepted = matcher.try_consume(tokens)
+    try:
+        return accepted == len(tokens) and matcher.accepts_end()
+    finally:
+        matcher.rollback(accepted)
+
+
+def keeps_completion(
+    matcher: Matcher, token: int, suffixes: Sequence[Sequence[int]], room: int
+) -> list[int] | None:
+    """The first of ``suffixes`` that completes the output after ``token`` with
+    ``1 + len(suffix) + 1 <= room`` (the token, the suffix, end-of-sequence); else ``None``."""
+    for suffix in sorted(suffixes, key=len):
+        if len(suffix) + 2 > room:
+            return None
+        if completes(matcher, [token, *suffix]):
+            return list(suffix)
+    return None

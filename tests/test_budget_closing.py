@@ -1,0 +1,184 @@
+"""Budget-aware closing (``close_at_max_tokens``): witnesses, and the V1 processor finishing
+every constrained request, complete, by its ``max_tokens``.
+
+The witness tests run each backend's real matcher; the processor test drives
+``GrammarMaskProcessor`` with simulated V1 batch updates (joins, leaves, moves, preemption
+with the output so far) and random logits, as ``test_grammar_bookkeeping.py`` does. The
+real engine's side is in ``test_structured_engine.py`` (V1) and the ``budget_closing``
+scenario of ``test_v2_real_sampler.py`` (vLLM's real V2 sampler).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from constrained.grammars import GrammarSpec, compile_now
+from constrained.grammars.closing import allowed_ids, completes, find_witness, keeps_completion
+from constrained.grammars.matcher import words_for
+from constrained.processors.grammar_mask import GrammarMaskProcessor
+from tests.simulate import Request, V1Batch
+from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
+
+__all__ = ["config", "vocab"]  # module fixtures shared with the bookkeeping test
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 3},
+        "age": {"type": "integer", "minimum": 18},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"pattern": "^[0-9]{5}$"}},
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "age", "tags", "address"],
+}
+# (constraint, backend): every backend, JSON and regex.
+CASES = [
+    ({"json_schema": json.dumps(PERSON)}, "llguidance"),
+    ({"json_schema": json.dumps({**PERSON, "properties": {**PERSON["properties"],
+      "address": {"type": "object", "properties": {"city": {"type": "string"}},
+                  "required": ["city"]}}})}, "xgrammar"),
+    ({"json_schema": json.dumps({"type": "array", "items": {"type": "integer"}, "minItems": 3})},
+     "outlines"),
+    ({"regex": "[a-z]+@[a-z]+\\.(com|org)"}, "llguidance"),
+    ({"regex": "(ab)*c[0-9]{3}"}, "xgrammar"),
+    ({"grammar": 'root ::= "[" ("a" | "bb") ("," ("a" | "bb"))* "]"'}, "llguidance"),
+]  # fmt: skip
+
+
+def spec_of(extra: dict, backend: str) -> GrammarSpec:
+    kind = next(k for k in ("regex", "grammar", "json_schema") if k in extra)
+    return GrammarSpec(kind, extra[kind], backend)
+
+
+def mask_of(matcher) -> torch.Tensor:
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    matcher.fill(bitmask, 0)
+    return bitmask
+
+
+@pytest.mark.parametrize(("extra", "backend"), CASES)
+def test_witness_completes_and_leaves_the_matcher_where_it_was(vocab, extra, backend):
+    grammar = compile_now(spec_of(extra, backend), vocab)
+    matcher = grammar.matcher()
+    rng = random.Random(0)
+    for _ in range(6):  # from the start, then from random points of a random output
+        before = mask_of(matcher)
+        witness = find_witness(matcher, vocab, 200)
+        assert witness is not None, extra
+        assert torch.equal(mask_of(matcher), before), "the walk moved the matcher"
+        assert completes(matcher, witness)
+        text = vocab.hf_tokenizer.decode(witness)
+        if "json_schema" in extra and not matcher.accepts_end():
+            assert text.endswith(("}", "]")), text
+        ids = allowed_ids(mask_of(matcher)[0], WIDTH).nonzero()[0]
+        ids = ids[ids != vocab.eos_token_id]
+        if not ids.size:
+            break
+        assert matcher.consume([int(rng.choice(ids[:2000]))])
+
+
+def test_witness_for_a_pattern_only_content_order_reaches(vocab):
+    """An e-mail ``format`` accepts ``}`` inside the string: the content order reaches ``@``."""
+    schema = {"type": "object", "properties": {"e": {"type": "string", "format": "email"}},
+              "required": ["e"], "additionalProperties": False}  # fmt: skip
+    matcher = compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab).matcher()
+    witness = find_witness(matcher, vocab, 100)
+    assert witness is not None
+    document = json.loads(vocab.hf_tokenizer.decode(witness))
+    assert "@" in document["e"]
+
+
+@pytest.mark.parametrize("fmt", ["date", "date-time", "time"])
+def test_witness_for_a_date_is_a_date_python_reads(vocab, fmt):
+    """RFC 3339 allows year 0000, Python's ``date`` (so pydantic and jsonschema) does not: a
+    closed date must not pick it."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"d": {"type": "string", "format": fmt}},
+              "required": ["d"], "additionalProperties": False}  # fmt: skip
+    matcher = compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab).matcher()
+    witness = find_witness(matcher, vocab, 100)
+    assert witness is not None
+    document = json.loads(vocab.hf_tokenizer.decode(witness))
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    jsonschema.Draft202012Validator(schema, format_checker=checker).validate(document)
+
+
+def test_keeps_completion_checks_room(vocab):
+    matcher = compile_now(GrammarSpec("regex", "[0-9]{2,5}"), vocab).matcher()
+    one = vocab.hf_tokenizer.encode("1")[0]
+    assert matcher.consume([one, one])  # "11": complete, room for up to 3 more digits
+    assert keeps_completion(matcher, one, [[]], room=2) == []  # the digit, then EOS
+    assert keeps_completion(matcher, one, [[]], room=1) is None  # no room for EOS after it
+    for _ in range(3):
+        assert matcher.consume([one])
+    assert keeps_completion(matcher, one, [[]], room=5) is None  # a sixth digit is refused
+
+
+def budget_request(rng: random.Random, req_id: int, needs: dict) -> Request:
+    extra, backend = rng.choice(CASES)
+    extra = {**extra, "grammar_backend": backend}
+    key = json.dumps(extra, sort_keys=True)
+    budget = needs[key] + 1 + rng.randint(0, 14)  # from just enough to a little more
+    params = SamplingParams(temperature=1.0, max_tokens=budget, extra_args=extra)
+    return Request(req_id, params, [rng.randrange(1000) for _ in range(3)])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_v1_every_request_finishes_complete_by_max_tokens(vocab, config, seed):
+    """Random logits, budgets from the shortest witness + 1 up: every constrained request
+    ends with end-of-sequence by ``max_tokens`` and its output is complete; every row allows
+    only what the grammar allows; preempted requests resume mid-closing."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
+    reference = Reference(vocab)
+    needs = {}
+    for extra, backend in CASES:
+        extra = {**extra, "grammar_backend": backend}
+        spec = spec_of(extra, backend)
+        needs[json.dumps(extra, sort_keys=True)] = len(
+            find_witness(compile_now(spec, vocab).matcher(), vocab, 200)
+        )
+    batch = V1Batch(CAPACITY, rng)
+    next_id, finished, closing_rows, narrowed = 0, 0, 0, 0
+    eos = vocab.eos_token_id
+    for step in range(160):
+        new = [budget_request(rng, next_id + i, needs) for i in range(rng.randint(0, 2))]
+        next_id += len(new)
+        proc.update_state(batch.step(new))
+        if not batch.rows:
+            continue
+        logits = torch.randn(len(batch.rows), WIDTH)
+        out = proc.apply(logits.clone())
+        for i, req in enumerate(batch.rows):
+            extra = req.params.extra_args
+            grammar_allows = reference.allowed(extra, req.output)
+            got = out[i] > float("-inf")
+            assert not (got & ~grammar_allows).any(), f"step {step}: a token the grammar refuses"
+            left = req.params.max_tokens - len(req.output)
+            narrowed += int(got.sum()) < int(grammar_allows.sum())
+            closing_rows += left <= 12
+            token = sample(out[i], rng)
+            req.output.append(token)
+            if token == eos or len(req.output) >= req.params.max_tokens:
+                req.done = True
+                assert token == eos, f"{extra} cut at max_tokens: {req.output}"
+                spec = spec_of(extra, extra["grammar_backend"])
+                matcher = reference.compiled.get(spec) or compile_now(spec, vocab)
+                assert completes(matcher.matcher(), req.output[:-1]), (extra, req.output)
+                finished += 1
+    assert finished >= 30 and closing_rows >= 100 and narrowed >= 30, (
+        finished,
+        closing_rows,
+        narrowed,
+    )
