@@ -95,6 +95,13 @@ def show_json_answer(llm: Any, sampling_params: Any) -> None:
     print(f"   finish_reason: {out.finish_reason}")
     if out.finish_reason == "stop":
         print(f"   Person.model_validate_json(text) -> {Person.model_validate_json(out.text)!r}")
+    print("   the same at max_tokens=18: closed in time, or cut (close_at_max_tokens=false):")
+    for close in (True, False):
+        options = Options(json_schema=Person, close_at_max_tokens=close)
+        tight = sampling_params(temperature=1.0, seed=0, max_tokens=18,
+                                extra_args=options.to_extra_args())  # fmt: skip
+        out = llm.generate(["A person, as JSON:"], tight, use_tqdm=False)[0].outputs[0]
+        print(f"   close_at_max_tokens={close}: {out.finish_reason}, {out.text}")
 
 
 def show_refusal(llm: Any, sampling_params: Any) -> None:
