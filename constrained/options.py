@@ -40,7 +40,12 @@ PenaltyScope = Literal["default", "output", "prompt_and_output"]
 GrammarBackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # from the registry
 Whitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE_LIMIT = 16
-GRAMMAR_FIELDS = ("json_schema", "regex", "grammar")
+GRAMMAR_FIELDS = ("json_schema", "regex", "grammar", "choice", "json_object")
+# The spec kind each constraint field compiles as (``choice`` as a regex of its strings).
+CONSTRAINT_KINDS = {"json_schema": "json_schema", "json_object": "json_schema",
+                    "regex": "regex", "grammar": "grammar", "choice": "regex"}  # fmt: skip
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+MAX_CHOICES = 1024
 # llama.cpp's default DRY sequence breakers.
 DRY_DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 MAX_DRY_BREAKERS = 32
@@ -122,6 +127,11 @@ class Options(BaseModel):
         regex: the output must match this regular expression in full.
         grammar: the output must match this grammar (GBNF ``root ::= ...``; Lark with
             llguidance). At most one of ``json_schema``, ``regex`` and ``grammar``.
+        choice: a list of distinct, non-empty strings: the output is exactly one of them
+            (as vLLM's ``choice``).
+        json_object: ``True``: the output is any JSON object (as OpenAI's
+            ``response_format={"type": "json_object"}``). At most one of ``json_schema``,
+            ``regex``, ``grammar``, ``choice`` and ``json_object``.
         grammar_backend: ``auto`` (default: the first of llguidance, xgrammar, outlines that
             enforces every keyword used), or one of them by name.
         whitespace: JSON only. ``compact`` (default): no whitespace between tokens.
@@ -169,6 +179,8 @@ class Options(BaseModel):
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None
+    choice: list[str] | None = None
+    json_object: StrictBool | None = None
     grammar_backend: GrammarBackend | None = None
     whitespace: Whitespace | None = None
     max_whitespace: StrictInt | None = None
@@ -199,6 +211,41 @@ class Options(BaseModel):
     def _check_text(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator(
+        "json_object", "disable_additional_properties", "close_at_max_tokens", mode="before"
+    )
+    @classmethod
+    def _bool_from_xargs(cls, value: Any) -> Any:
+        # vLLM's request model types vllm_xargs values as str | int | float | list, so a JSON
+        # true arrives as 1 and false as 0: take exactly those two as the boolean they were.
+        if type(value) is int and value in (0, 1):
+            return bool(value)
+        return value
+
+    @field_validator("choice", mode="before")
+    @classmethod
+    def _parse_choice(cls, value: Any) -> Any:
+        if isinstance(value, str):  # vllm_xargs may carry the list as JSON text
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+        if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+            raise ValueError(f"must be a list of strings, got {value!r:.80}")
+        if not value:
+            raise ValueError("must not be empty")
+        if len(value) > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} strings, got {len(value)}")
+        if any(not c for c in value):
+            raise ValueError("must not contain an empty string")
+        repeated = sorted({c for c in value if value.count(c) > 1})
+        if repeated:
+            raise ValueError(f"must not repeat a string, got {repeated[0]!r} twice")
+        from constrained.grammars.spec import choice_regex
+
+        choice_regex(value)  # refuses control characters, naming them
         return value
 
     @field_validator("max_whitespace")
@@ -343,7 +390,7 @@ class Options(BaseModel):
 
     def check_grammar_options(self) -> None:
         """Refuse two constraints at once, and grammar settings that would do nothing."""
-        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]
         if len(given) > 1:
             raise OptionError(
                 given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
@@ -351,9 +398,11 @@ class Options(BaseModel):
         if not given:
             for name in ("grammar_backend", "close_at_max_tokens", *JSON_ONLY_FIELDS):
                 if getattr(self, name) is not None:
-                    raise OptionError(name, "has no effect without json_schema, regex or grammar")
+                    raise OptionError(
+                        name, f"has no effect without one of {', '.join(GRAMMAR_FIELDS)}"
+                    )
             return
-        if given[0] != "json_schema":
+        if CONSTRAINT_KINDS[given[0]] != "json_schema":
             for name in JSON_ONLY_FIELDS:
                 if getattr(self, name) is not None:
                     raise OptionError(name, f"applies to json_schema only, not {given[0]}")
@@ -368,13 +417,27 @@ class Options(BaseModel):
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise OptionError(name, f"has no effect without {needs}")
 
-    def constraint(self) -> tuple[str, str] | None:
-        """``(field, source)`` of the request's json_schema, regex or grammar, if any."""
+    def constraint_field(self) -> str | None:
+        """The constraint option the request gave (``json_schema``, ``choice`` ...), if any."""
         for name in GRAMMAR_FIELDS:
             value = getattr(self, name)
-            if value is not None:
-                return name, value
+            if value is not None and value is not False:
+                return name
         return None
+
+    def constraint(self) -> tuple[str, str] | None:
+        """``(kind, source)`` the request's constraint compiles as, if any: ``choice`` is a
+        regex of its strings, ``json_object`` the schema ``{"type": "object"}``."""
+        name = self.constraint_field()
+        if name is None:
+            return None
+        if name == "choice":
+            from constrained.grammars.spec import choice_regex
+
+            return "regex", choice_regex(self.choice or [])
+        if name == "json_object":
+            return "json_schema", JSON_OBJECT_SCHEMA
+        return name, getattr(self, name)
 
     def check_token_ids(self, logits_width: int) -> None:
         """Refuse token ids outside ``[0, logits_width)``."""
