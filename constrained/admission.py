@@ -180,14 +180,15 @@ def compile_constraint(
         return
     width = int(model_config.get_vocab_size())
     vocab = load_vocab(tokenizer_path(model_config), width, hf_tokenizer=tokenizer)
+    field = options.constraint_field() or spec.kind
     try:
         grammar = compiler_for(vocab).compile(spec)
     except GrammarError as exc:
-        raise OptionError(spec.kind, str(exc)) from None
+        raise OptionError(field, str(exc)) from None
     except Exception as exc:  # a backend bug is still this request's problem only
-        raise OptionError(spec.kind, f"cannot be compiled ({exc})") from None
+        raise OptionError(field, f"cannot be compiled ({exc})") from None
     if max_tokens is not None and options.close_at_max_tokens is not False:
-        check_budget(grammar, vocab, spec.kind, max_tokens)
+        check_budget(grammar, vocab, field, max_tokens)
 
 
 def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int) -> None:
@@ -374,9 +375,9 @@ def _parse_params(params: Any, logits_width: int | None) -> Options | None:
                 f"also set as vLLM's built-in '{builtin}' for this request; set only one "
                 "(both would apply it twice)",
             )
-    constraint = options.constraint()
-    if constraint is not None:
-        _refuse_grammar_conflicts(constraint[0], params)
+    field = options.constraint_field()
+    if field is not None:
+        _refuse_grammar_conflicts(field, params)
     return options
 
 

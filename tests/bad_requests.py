@@ -61,6 +61,15 @@ CORPUS: list[Bad] = [
     ),
     Bad("close-string", {"json_schema": "{}", "close_at_max_tokens": "yes"}, "close_at_max_tokens"),
     Bad("close-without-constraint", {"close_at_max_tokens": True}, "close_at_max_tokens"),
+    # choice and json_object
+    Bad("choice-empty", {"choice": []}, "choice"),
+    Bad("choice-repeated", {"choice": ["yes", "no", "yes"]}, "choice"),
+    Bad("choice-numbers", {"choice": [1, 2]}, "choice"),
+    Bad("choice-empty-string", {"choice": ["yes", ""]}, "choice"),
+    Bad("choice-and-schema", {"json_schema": "{}", "choice": ["a"]}, "choice"),
+    Bad("choice-whitespace", {"choice": ["a"], "whitespace": "flexible"}, "whitespace"),
+    Bad("json-object-string", {"json_object": "yes"}, "json_object"),
+    Bad("json-object-and-regex", {"regex": "a", "json_object": True}, "json_object"),
     # a budget no complete output fits in (close_at_max_tokens is on by default)
     Bad(
         "max-tokens-below-shortest-output",

@@ -30,3 +30,29 @@ class GrammarSpec:
     whitespace: Whitespace = "compact"
     max_whitespace: int = DEFAULT_MAX_WHITESPACE
     close_objects: bool = False
+
+
+# Characters a regex may take literally in every backend's syntax (llguidance and xgrammar:
+# Rust-like; outlines: Python's); every other printable ASCII character is escaped with a
+# backslash, which all three read as that character.
+_LITERAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _")
+_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def choice_regex(choices: list[str]) -> str:
+    r"""A regex matching exactly one of ``choices`` (the ``choice`` option).
+
+    >>> choice_regex(["yes", "no (maybe)"])
+    '(yes|no \\(maybe\\))'
+    """
+
+    def escape(char: str) -> str:
+        if char in _LITERAL or ord(char) > 127:
+            return char
+        if char in _CONTROL:
+            return _CONTROL[char]
+        if not char.isprintable():
+            raise ValueError(f"control character {char!r} is not supported in a choice")
+        return "\\" + char
+
+    return "(" + "|".join("".join(escape(c) for c in choice) for choice in choices) + ")"

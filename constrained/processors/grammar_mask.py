@@ -45,7 +45,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
 
     OPTIONS = frozenset(
         {"json_schema", "regex", "grammar", "grammar_backend", "whitespace", "max_whitespace",
-         "disable_additional_properties", "close_at_max_tokens"}
+         "disable_additional_properties", "close_at_max_tokens", "choice", "json_object"}
     )  # fmt: skip
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
