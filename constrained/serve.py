@@ -9,6 +9,10 @@ Our processors are appended to any ``--logits-processors`` the user gives, and o
 ``--middleware`` (``constrained.stream_checks``) is added so a streaming request with bad
 options gets HTTP 400 too. The process is
 replaced by vLLM's (``exec``), so signals and exit codes are vLLM's own.
+
+The middleware also routes OpenAI's ``response_format`` and vLLM's ``structured_outputs``
+to our processors (``constrained.openai_routing``); ``--no-constrained-routing`` leaves them
+to vLLM's built-in structured outputs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 FLAG = "--logits-processors"
 # Refuses streaming requests with bad options with HTTP 400 before the stream starts.
 STREAM_CHECK = "constrained.stream_checks.check_xargs_off_the_loop"
+NO_ROUTING = "--no-constrained-routing"  # ours: sets CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0
 
 
 def server_argv(args: list[str]) -> list[str]:
@@ -49,6 +54,9 @@ def server_argv(args: list[str]) -> list[str]:
 
 def main(args: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if NO_ROUTING in args:
+        args = [a for a in args if a != NO_ROUTING]
+        os.environ["CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS"] = "0"
     argv = [sys.executable, "-m", SERVER_MODULE, *server_argv(args)]
     sys.stdout.flush()
     os.execv(sys.executable, argv)

@@ -4,7 +4,8 @@ Set them in the environment of the process that runs vLLM's engine (the server's
 script that builds ``LLM``); engine workers inherit it (on several nodes under Ray, set
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CONSTRAINED_``: docs/scaling.md). ``settings()``
 reads them the first time it is called and keeps the answer; ``reset()`` forgets it (tests
-that change a switch).
+that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0`` (the launcher's
+``--no-constrained-routing``) leaves ``response_format`` / ``structured_outputs`` to vLLM.
 
 | variable | default | what it sets |
 |---|---|---|
@@ -17,6 +18,7 @@ that change a switch).
 | ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
 | ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars shared (``off``) |
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
+| ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 1 | ``response_format`` to us (``0``: to vLLM) |
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Settings:
     # None: no compiled-grammar store (each process compiles for itself).
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
+    route_structured_outputs: bool = True
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -73,7 +76,17 @@ def _from_environment() -> Settings:
         cache_dir=cache_dir,
         grammar_store=_store_dir(cache_dir),
         grammar_store_mb=_number("CONSTRAINED_GRAMMAR_STORE_MB", int, defaults.grammar_store_mb),
+        route_structured_outputs=_switch("CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", True),
     )
+
+
+def _switch(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("0", "1", "true", "false"):
+        raise ValueError(f"{name}={raw!r} must be 0 or 1")
+    return raw in ("1", "true")
 
 
 def _store_dir(cache_dir: Path) -> Path | None:

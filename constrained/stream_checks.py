@@ -12,6 +12,9 @@ Two jobs, for every completions / chat request that carries ``vllm_xargs``:
   compile would hold every other request's admission and streamed tokens for that long. Here
   it compiles in a worker thread; vLLM's admission then finds it in the cache.
 
+Before both, OpenAI's ``response_format`` and vLLM's ``structured_outputs`` are moved into
+``vllm_xargs`` (``openai_routing``), so they reach our processors and these checks.
+
 Requests that pass go on unchanged. Conflicts with vLLM's own fields (``min_p`` set
 twice...) are still refused by vLLM's admission (inside the stream, for streaming requests).
 """
@@ -27,6 +30,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from constrained.admission import check_xargs, loaded_tokenizer
+from constrained.openai_routing import route
+from constrained.options import OptionError
+from constrained.settings import settings
 
 CHECKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -46,6 +52,19 @@ def request_budget(data: dict[str, Any]) -> SimpleNamespace | None:
     return SimpleNamespace(max_tokens=max_tokens, ignore_eos=data.get("ignore_eos") is True)
 
 
+def _bad_request(message: str) -> JSONResponse:
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def _replace_body(request: Request, data: dict[str, Any]) -> None:
+    """The handler reads this body instead (Starlette hands the cached one downstream)."""
+    body = json.dumps(data).encode()
+    request._body = body
+    headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-length"]
+    request.scope["headers"] = [*headers, (b"content-length", str(len(body)).encode())]
+
+
 async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response:
     if request.method == "POST" and request.url.path in CHECKED_PATHS:
         body = await request.body()  # Starlette keeps it for the handler
@@ -53,6 +72,14 @@ async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response
             data = json.loads(body)
         except ValueError:
             data = None  # vLLM answers malformed JSON itself
+        if isinstance(data, dict) and settings().route_structured_outputs:
+            try:
+                routed = route(data)
+            except OptionError as exc:
+                return _bad_request(str(exc))
+            if routed is not None:
+                data = routed
+                _replace_body(request, data)
         if isinstance(data, dict) and data.get("vllm_xargs"):
             state = request.app.state
             config = getattr(state, "vllm_config", None)
@@ -62,7 +89,5 @@ async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response
                 check_xargs, data["vllm_xargs"], config, tokenizer, budget
             )
             if message is not None and data.get("stream"):
-                error = {"message": message, "type": "BadRequestError", "param": None,
-                         "code": 400}  # fmt: skip
-                return JSONResponse({"error": error}, status_code=400)
+                return _bad_request(message)
     return await call_next(request)
