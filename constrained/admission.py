@@ -188,11 +188,17 @@ def compile_constraint(
     except Exception as exc:  # a backend bug is still this request's problem only
         raise OptionError(field, f"cannot be compiled ({exc})") from None
     if max_tokens is not None and options.close_at_max_tokens is not False:
-        check_budget(grammar, vocab, field, max_tokens)
+        marker = 0
+        if options.reasoning_end is not None:
+            from constrained.processors.reasoning_gate import marker_for
+
+            marker = len(marker_for(vocab, options.reasoning_end).ids)
+        check_budget(grammar, vocab, field, max_tokens, marker)
 
 
-def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int) -> None:
-    """Refuse a ``max_tokens`` no complete output of the constraint fits in."""
+def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: int = 0) -> None:
+    """Refuse a ``max_tokens`` no complete output of the constraint fits in (after the
+    ``marker`` tokens that end thinking, when the request thinks first)."""
     from constrained.grammars.closing import find_witness
 
     witness = getattr(grammar, "root_witness", False)  # one walk per compiled grammar
@@ -208,12 +214,13 @@ def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int) -> None:
             f"{ADMISSION_WITNESS_TOKENS} tokens; raise max_tokens, or set "
             "close_at_max_tokens=false to let the output be cut at max_tokens",
         )
-    needed = len(witness) + 1  # and end-of-sequence
+    needed = marker + len(witness) + 1  # and end-of-sequence
     if needed > max_tokens:
         raise OptionError(
             "max_tokens",
             f"is {max_tokens}, but the shortest complete output of this {kind} found needs "
-            f"{needed} tokens (end-of-sequence included); raise max_tokens to at least "
+            f"{needed} tokens ({'reasoning_end, ' if marker else ''}end-of-sequence "
+            f"included); raise max_tokens to at least "
             f"{needed}, or set close_at_max_tokens=false to let the output be cut",
         )
 

@@ -86,7 +86,9 @@ REQUIRES = {
     "xtc_threshold": "xtc_probability",
     "ngram_window": "no_repeat_ngram_size",
     "ngram_whitelist": "no_repeat_ngram_size",
+    "max_reasoning_tokens": "reasoning_end",
 }
+MAX_REASONING_MARKER_CHARS = 64
 JSON_ONLY_FIELDS = ("whitespace", "max_whitespace", "disable_additional_properties")
 Number = Annotated[StrictFloat | StrictInt, Field()]
 
@@ -160,6 +162,14 @@ class Options(BaseModel):
             about extra keys get none (as vLLM's option of that name and xgrammar's strict
             mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
             keys allowed).
+        reasoning_end: with a constraint: the text that ends the model's thinking (e.g.
+            ``"</think>"``, matched as its tokens). Until the output contains it, decoding is
+            free (our other options still apply; end-of-sequence is not allowed, so the answer
+            always comes); from the token after it, the constraint applies. A prompt that
+            already ends with it (thinking disabled by the chat template) is constrained
+            from the first token.
+        max_reasoning_tokens: >= 0, needs ``reasoning_end``: after this many output tokens
+            without the marker, the marker is forced, then the constraint applies.
         close_at_max_tokens: with ``json_schema``, ``regex`` or ``grammar``. ``True``
             (default): the output finishes, complete and valid, within ``max_tokens``: near
             the budget only tokens that still leave a complete output in time are allowed,
@@ -186,6 +196,8 @@ class Options(BaseModel):
     max_whitespace: StrictInt | None = None
     disable_additional_properties: StrictBool | None = None
     close_at_max_tokens: StrictBool | None = None
+    reasoning_end: str | None = None
+    max_reasoning_tokens: StrictInt | None = None
     dry_multiplier: Number | None = None
     dry_base: Number | None = None
     dry_allowed_length: StrictInt | None = None
@@ -246,6 +258,22 @@ class Options(BaseModel):
         from constrained.grammars.spec import choice_regex
 
         choice_regex(value)  # refuses control characters, naming them
+        return value
+
+    @field_validator("reasoning_end")
+    @classmethod
+    def _check_marker(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        if value is not None and len(value) > MAX_REASONING_MARKER_CHARS:
+            raise ValueError(f"at most {MAX_REASONING_MARKER_CHARS} characters, got {len(value)}")
+        return value
+
+    @field_validator("max_reasoning_tokens")
+    @classmethod
+    def _check_reasoning_budget(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError(f"must be >= 0, got {value}")
         return value
 
     @field_validator("max_whitespace")
@@ -396,7 +424,8 @@ class Options(BaseModel):
                 given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
             )
         if not given:
-            for name in ("grammar_backend", "close_at_max_tokens", *JSON_ONLY_FIELDS):
+            for name in ("grammar_backend", "close_at_max_tokens", "reasoning_end",
+                         "max_reasoning_tokens", *JSON_ONLY_FIELDS):  # fmt: skip
                 if getattr(self, name) is not None:
                     raise OptionError(
                         name, f"has no effect without one of {', '.join(GRAMMAR_FIELDS)}"

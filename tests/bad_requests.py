@@ -70,6 +70,15 @@ CORPUS: list[Bad] = [
     Bad("choice-whitespace", {"choice": ["a"], "whitespace": "flexible"}, "whitespace"),
     Bad("json-object-string", {"json_object": "yes"}, "json_object"),
     Bad("json-object-and-regex", {"regex": "a", "json_object": True}, "json_object"),
+    # thinking first
+    Bad("reasoning-end-empty", {"json_schema": "{}", "reasoning_end": " "}, "reasoning_end"),
+    Bad("reasoning-end-alone", {"reasoning_end": "</think>"}, "reasoning_end"),
+    Bad("max-reasoning-alone", {"regex": "a", "max_reasoning_tokens": 4}, "max_reasoning_tokens"),
+    Bad(
+        "max-reasoning-negative",
+        {"regex": "a", "reasoning_end": "</think>", "max_reasoning_tokens": -1},
+        "max_reasoning_tokens",
+    ),
     # a budget no complete output fits in (close_at_max_tokens is on by default)
     Bad(
         "max-tokens-below-shortest-output",

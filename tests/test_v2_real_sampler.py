@@ -86,6 +86,16 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "multi_call_steps": 40,
         "recycled_slots": 70,
     },
+    "reasoning": {
+        "thinking_rows": 200,
+        "forced_rows": 30,
+        "constrained_rows": 300,
+        "finished": 15,
+        "closed_prompts": 2,
+        "thinking_draft_rows": 40,
+        "resumed_thinking": 2,
+        "multi_call_steps": 20,
+    },
     "truncation_samplers": {
         "sampler_rows": 280,
         "sampler_draft_rows": 120,
@@ -203,6 +213,14 @@ def test_budget_closing() -> None:
     and resumed mid-closing, ends with end-of-sequence by ``max_tokens``, its output
     complete."""
     check_counts("budget_closing")
+
+
+def test_reasoning() -> None:
+    """``reasoning_end`` on vLLM's real V2 sampler: thinking rows untouched but for
+    end-of-sequence (or forced to the marker), rows after the marker within the grammar,
+    every request complete, over drafts, placeholders, the prompt's end read in the step's one
+    copy, preemption and chunked calls."""
+    check_counts("reasoning")
 
 
 def test_penalty_placeholders() -> None:

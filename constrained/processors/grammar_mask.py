@@ -22,6 +22,7 @@ from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.closing_plan import PlanShelf
 from constrained.processors.functional import apply_token_bitmask
 from constrained.processors.mask_fill import MaskWriter, RowState, V1MaskFill, V2MaskFill
+from constrained.processors.reasoning_gate import ReasoningGate, marker_for
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 
@@ -45,7 +46,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
 
     OPTIONS = frozenset(
         {"json_schema", "regex", "grammar", "grammar_backend", "whitespace", "max_whitespace",
-         "disable_additional_properties", "close_at_max_tokens", "choice", "json_object"}
+         "disable_additional_properties", "close_at_max_tokens", "choice", "json_object",
+         "reasoning_end", "max_reasoning_tokens"}
     )  # fmt: skip
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -76,7 +78,15 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.slots.write(slot, constrained=True)
         closes = closes_at_budget(options, params)
         plan = self.shelf.plan_for(params, params.max_tokens) if closes else None
-        self.slots.payload[slot] = RowState(spec, self.compiler.submit(spec), output_ids, plan)
+        state = RowState(spec, self.compiler.submit(spec), output_ids, plan)
+        if options.reasoning_end is not None:
+            marker = marker_for(self.vocab, options.reasoning_end)
+            state.gate = ReasoningGate(marker, options.max_reasoning_tokens)
+            if tokens is not None:  # V1: the prompt is here; V2 reads its end in apply
+                state.check_prompt(list(tokens[0][-state.prompt_tail_size() :]))
+            else:
+                state.prompt_pending = True
+        self.slots.payload[slot] = state
         return True
 
     def update_state(self, batch_update: Any) -> None:
@@ -90,4 +100,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         masked = self.fill.rows_to_mask(rows, logits)
         if masked:
             apply_token_bitmask(logits, self.writer.on_device(rows.count), masked)
+        if self.writer.thinking:  # free while thinking, but the answer must come
+            index = torch.tensor(self.writer.thinking, device=logits.device)
+            logits[index, self.vocab.eos_token_id] = float("-inf")
         return logits

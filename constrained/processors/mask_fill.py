@@ -22,10 +22,15 @@ import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
-from constrained.grammars.closing import allowed_ids
+from constrained.grammars.closing import MAX_WITNESS_TOKENS, allowed_ids, find_witness
 from constrained.grammars.llguidance_backend import LLGuidanceMatcher
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.processors.closing_plan import CANDIDATES, ClosingPlan
+from constrained.processors.closing_plan import CANDIDATES, SLACK, ClosingPlan
+from constrained.processors.reasoning_gate import (
+    ReasoningGate,
+    prompt_closes_thinking,
+    prompt_tail_size,
+)
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
@@ -41,9 +46,39 @@ class RowState:
     compiled: Future
     output_ids: list[int] | None  # V1's live output list; None under V2
     plan: ClosingPlan | None = None  # finishing by max_tokens (None: closing is off)
+    gate: ReasoningGate | None = None  # thinking first (None: constrained from the start)
+    prompt_pending: bool = False  # V2: the gate still has to look at the prompt's end
     matcher: Matcher | None = None
-    consumed: int = 0
+    consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
+    gate_budgeted: bool = False  # the gate's forcing point accounts for max_tokens
+
+    def check_prompt(self, tail: list[int]) -> None:
+        """Open the gate when the prompt already closed the thinking block."""
+        self.prompt_pending = False
+        gate = self.gate
+        if gate is not None and prompt_closes_thinking(tail, gate.marker):
+            gate.open = True
+
+    def thinking(self) -> bool:
+        """Still before the marker, and not forced to it next (its row costs no mask)."""
+        gate = self.gate
+        return (
+            gate is not None
+            and not gate.open
+            and not self.prompt_pending
+            and (gate.force_after is None or gate.seen + 1 < gate.force_after)
+            and (self.plan is None or gate.seen + 1 < self.walk_at())
+        )
+
+    def walk_at(self) -> int:
+        """Output tokens after which a thinking request with a budget walks for its answer's
+        witness (to place the forced marker): a witness is at most MAX_WITNESS_TOKENS long."""
+        assert self.gate is not None and self.plan is not None
+        return self.plan.limit - len(self.gate.marker.ids) - (2 * MAX_WITNESS_TOKENS + SLACK)
+
+    def prompt_tail_size(self) -> int:
+        return prompt_tail_size(self.gate.marker) if self.gate is not None else 0
 
     def ready_matcher(self) -> Matcher | None:
         """The matcher, built once the compile is done (waits for it); None if it failed."""
@@ -74,6 +109,9 @@ class MaskWriter:
         # Rows closing this step (restricted in ``close``, once the logits are known).
         self._closing: list[tuple[int, RowState]] = []
         self._closing_drafts: list[tuple[int, RowState, list[int]]] = []
+        # Rows still thinking this step: no mask (their processors' cost is an unconstrained
+        # request's), end-of-sequence banned so the answer always comes.
+        self.thinking: list[int] = []
 
     def ensure_rows(self, num_rows: int) -> None:
         if self.bitmask.shape[0] < num_rows:
@@ -82,6 +120,17 @@ class MaskWriter:
 
     def advance(self, state: RowState, new: list[int], row: int) -> None:
         """Feed ``new`` committed tokens to a request's matcher, then queue or write its row."""
+        gate = state.gate
+        # (V2, mid-prefill, the prompt's end not read yet: its sample is discarded; the
+        # grammar's row is written meanwhile.)
+        if gate is not None and not gate.open and not state.prompt_pending:
+            after = gate.feed(new)
+            if after is None:
+                state.consumed += len(new)
+                self._thinking_row(state, row)
+                return
+            state.consumed += len(new) - len(after)  # the marker: the constraint starts after
+            new = after
         try:
             matcher = state.ready_matcher()
             if matcher is not None:
@@ -100,6 +149,33 @@ class MaskWriter:
             state.failed, state.matcher = True, None
         fill_only(self.bitmask, row, [self.eos])
 
+    def _thinking_row(self, state: RowState, row: int) -> None:
+        """A row before the marker: free, or forced to the marker's next token."""
+        gate = state.gate
+        assert gate is not None
+        # The walk waits until thinking could come near the budget: a long budget costs a
+        # thinking row nothing.
+        if state.plan is not None and not state.gate_budgeted and gate.seen >= state.walk_at():
+            self._budget_gate(state)
+        forced = gate.forced_token()
+        if forced is None:
+            self.thinking.append(row)
+        else:
+            fill_only(self.bitmask, row, [forced])
+
+    def _budget_gate(self, state: RowState) -> None:
+        """Force the marker early enough that the answer has its closing window left
+        (twice its shortest completion, plus the slack) before ``max_tokens``."""
+        state.gate_budgeted = True
+        gate, plan = state.gate, state.plan
+        matcher = state.ready_matcher()
+        if gate is None or plan is None or matcher is None:
+            return
+        witness = find_witness(matcher, self.vocab, plan.limit, self.scratch)
+        need = len(witness) if witness is not None else plan.limit
+        latest = max(plan.limit - len(gate.marker.ids) - (2 * need + SLACK), 0)
+        gate.force_after = latest if gate.force_after is None else min(gate.force_after, latest)
+
     def draft(self, state: RowState, row: int, drafts: np.ndarray) -> None:
         """A speculative row: the matcher advanced over ``drafts``, its row written, undone.
 
@@ -108,6 +184,19 @@ class MaskWriter:
         """
         negative = np.flatnonzero(drafts < 0)
         tokens = drafts[: negative[0] if negative.size else len(drafts)].tolist()
+        if state.gate is not None and not state.gate.open:  # still thinking before the drafts
+            gate = state.gate.copy()
+            after = gate.feed(tokens)
+            if after is None:
+                forced = gate.forced_token()
+                if forced is None:
+                    self.thinking.append(row)
+                else:
+                    fill_only(self.bitmask, row, [forced])
+                return
+            state.ready_matcher()
+            self._fill_after(state, row, after)
+            return
         matcher = state.matcher
         if matcher is None or matcher.error is not None:
             fill_only(self.bitmask, row, [self.eos])
@@ -221,9 +310,13 @@ class V1MaskFill:
             self._num_rows = batch_update.batch_size
         rows = self._ours(self._num_rows)
         self._filled = []
+        self.writer.thinking = []
         if rows:
             self.writer.ensure_rows(max(rows) + 1)
-            self._pending = self._filler.submit(self._fill, rows)
+            if all(self.slots.payload[row].thinking() for row in rows):
+                self._fill(rows)  # a few bytes compared per row: cheaper than a thread handoff
+            else:
+                self._pending = self._filler.submit(self._fill, rows)
 
     def _ours(self, num_rows: int) -> list[int]:
         return np.flatnonzero(self.slots.active[:num_rows]).tolist()
@@ -254,7 +347,8 @@ class V1MaskFill:
                 self.writer.advance(state, state.output_ids[state.consumed :], row)  # type: ignore[index]
             self.writer.finish()
         self.writer.close(logits)
-        return ours
+        thinking = set(self.writer.thinking)
+        return [row for row in ours if row not in thinking] if thinking else ours
 
 
 class V2MaskFill:
@@ -282,12 +376,20 @@ class V2MaskFill:
         closing (``ClosingPlan.near``), every row's top-k token ids ride in the same copy.
         """
         ctx, num_rows = rows.ctx, rows.count
+        self.writer.thinking = []
         batch_slots = ctx.idx_mapping_np
         mine = self.slots.active[batch_slots]
         slots = batch_slots[mine].astype(np.int64)
         tokens = self.req_states.all_token_ids.gpu
-        consumed = np.array([self.slots.payload[s].consumed for s in slots], dtype=np.int64)
-        start = self.req_states.prompt_len.np[slots].astype(np.int64) + consumed
+        states: list[RowState] = [self.slots.payload[s] for s in slots]
+        consumed = np.array([state.consumed for state in states], dtype=np.int64)
+        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
+        # A gate not yet told how the prompt ends gets the prompt's last tokens in this copy.
+        back = np.array(
+            [s.prompt_tail_size() if s.prompt_pending else 0 for s in states], dtype=np.int64
+        )
+        back = np.minimum(back, prompt_len)
+        start = prompt_len + consumed - back
         end = np.minimum(ctx.seq_lens_upper_bound_np[mine].astype(np.int64), tokens.shape[1])
         count = np.maximum(end - start, 0)
         offsets = np.cumsum(count) - count
@@ -307,7 +409,10 @@ class V2MaskFill:
             top = host[-num_rows * top_k(logits) :].reshape(num_rows, top_k(logits))
             host = host[: -num_rows * top_k(logits)]
         history = host[4 * num_rows :]
-        unseen = {int(s): (int(o), int(b)) for s, o, b in zip(slots, offsets, start, strict=True)}
+        unseen = {
+            int(s): (int(o), int(b), int(k))
+            for s, o, b, k in zip(slots, offsets, start, back, strict=True)
+        }
 
         ours = np.flatnonzero(self.slots.active[row_slot]).tolist()
         self.writer.ensure_rows(num_rows)
@@ -316,14 +421,22 @@ class V2MaskFill:
             state: RowState = self.slots.payload[slot]
             k = int(local[row])
             if k == 0:
-                offset, first = unseen[slot]
+                offset, first, tail = unseen[slot]
                 new = max(int(pos[row]) + 1 - first, 0) if not state.failed else 0
-                self.writer.advance(state, history[offset : offset + new].tolist(), row)
+                seen = history[offset : offset + new].tolist()
+                if tail:
+                    if len(seen) < tail:  # still in the prefill: look again next step
+                        seen = []
+                    else:
+                        state.check_prompt(seen[:tail])
+                        seen = seen[tail:]
+                self.writer.advance(state, seen, row)
             else:  # row k of a request: drafts fed at its rows 1..k
                 self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
         self.writer.finish()
         self.writer.close(logits, top, may_fetch=False)  # the step's one copy is spent
-        return ours
+        thinking = set(self.writer.thinking)
+        return [row for row in ours if row not in thinking] if thinking else ours
 
     @staticmethod
     def _near(state: RowState) -> bool:

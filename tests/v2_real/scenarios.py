@@ -767,6 +767,143 @@ def budget_closing() -> dict:
     return stats
 
 
+@scenario
+def reasoning() -> dict:
+    """Requests that think first (``reasoning_end``, ``max_reasoning_tokens``, prompts that
+    already closed thinking, budgets that force the marker): a thinking row is the logits as
+    they were but end-of-sequence, or one forced marker token; after the marker every row is a
+    subset of the grammar's; every request ends complete; with drafts, placeholders,
+    preemption (resumed with the output so far) and chunked calls."""
+    from tests.test_grammar_bookkeeping import WIDTH, Reference
+    from tests.test_reasoning_gate import MARKER, SCHEMA, split
+
+    from constrained.grammars import GrammarSpec, compile_now, load_vocab
+    from constrained.grammars.closing import completes
+    from constrained.processors.reasoning_gate import marker_for
+    from constrained.tiny_model import build_tiny_model
+
+    rng = random.Random(21)
+    torch.manual_seed(21)
+    capacity, num_spec = 10, 3
+    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
+    runner = V2Runner(
+        config,
+        max_num_reqs=capacity,
+        vocab_size=WIDTH,
+        num_spec=num_spec,
+        max_model_len=512,
+        max_num_batched_tokens=1024,
+    )
+    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    vocab = reference.vocab
+    eos = vocab.eos_token_id
+    marker = marker_for(vocab, MARKER).ids
+    newline = vocab.hf_tokenizer.encode("\n\n", add_special_tokens=False)
+    grammar = GrammarSpec("json_schema", SCHEMA)
+    stats = {"thinking_rows": 0, "forced_rows": 0, "constrained_rows": 0, "finished": 0,
+             "closed_prompts": 0, "thinking_draft_rows": 0, "resumed_thinking": 0}  # fmt: skip
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+
+    def answer(req: Req, seen: list[int]) -> list[int] | None:
+        if split(req.prompt, vocab) is not None:
+            return seen
+        parts = split(seen, vocab)
+        return parts[1] if parts is not None else None
+
+    for step_no in range(200):
+        for req in list(reqs):
+            if req.slot is None:
+                continue
+            output = req.output[: req.params.max_tokens]
+            if eos in output or len(output) >= req.params.max_tokens:
+                runner.finish(req)
+                reqs.remove(req)
+                check(eos in output, f"{req.req_id} cut at max_tokens: {req.output}")
+                body = answer(req, output[: output.index(eos)])
+                check(body is not None, f"{req.req_id} ended without the marker")
+                check(completes(compile_now(grammar, vocab).matcher(), body), f"{req.req_id}")
+                stats["finished"] += 1
+                stats["closed_prompts"] += split(req.prompt, vocab) is not None
+            elif req.output and rng.random() < 0.05:
+                runner.finish(req)
+                reqs.remove(req)
+                parked.append(req)  # preempted: back later with its output
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < capacity and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+            stats["resumed_thinking"] += answer(req, req.output) is None
+        for _ in range(rng.randint(0, 2)):
+            if runner.num_admitted >= capacity:
+                break
+            next_id += 1
+            extra = {"json_schema": SCHEMA, "reasoning_end": MARKER}
+            think = rng.choice([None, 0, 3, 8])
+            if think is not None:
+                extra["max_reasoning_tokens"] = think
+            closed = rng.random() < 0.2
+            prompt = random_tokens(rng, rng.randint(3, 40), 1000)
+            prompt += (list(marker) + newline) * closed
+            params = SamplingParams(
+                temperature=1.0, max_tokens=rng.choice([10_000, 60]), extra_args=extra
+            )
+            req = Req(f"r{next_id}", params, prompt)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id not in fresh and rng.random() > 0.85:
+                continue
+            drafts: list[int] = []
+            if not req.prefilling:
+                for _ in range(rng.choice([0, 1, 2, 3])):
+                    body = answer(req, req.output + drafts)
+                    if body is None:  # thinking: any token, the marker's pieces often
+                        drafts.append(rng.choice([*marker, rng.randrange(1000)]))
+                        continue
+                    ok = reference.allowed({"json_schema": SCHEMA}, body).nonzero().flatten()
+                    drafts.append(int(ok[rng.randrange(ok.numel())]))
+            plans[req.req_id] = plan_for(req, rng, num_spec, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, WIDTH)
+        logits[:, marker[0]] += 6.0 * (torch.rand(step.num_rows) < 0.2)
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
+        for row in step.rows:
+            req = row.req
+            seen = row.seen_output()
+            got = torch.isfinite(processed[row.index])
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            check(bool(got.any()), f"{at}: every token masked")
+            if eos in seen or row.placeholder or not row.sampled:
+                continue  # a chunked-prefill row: its sample is discarded
+            body = answer(req, seen)
+            if body is None:
+                if int(got.sum()) == 1:
+                    check(int(got.nonzero()[0]) in marker, f"{at}: forced a non-marker token")
+                    stats["forced_rows"] += 1
+                else:
+                    check(not bool(got[eos]), f"{at}: end-of-sequence while thinking")
+                    check(int(got.sum()) == WIDTH - 1, f"{at}: a thinking row was masked")
+                    stats["thinking_rows"] += 1
+                    stats["thinking_draft_rows"] += row.local > 0
+                continue
+            allowed = reference.allowed({"json_schema": SCHEMA}, body)
+            extra_ids = (got & ~allowed).nonzero().flatten()[:5].tolist()
+            check(not extra_ids, f"{at}: allows {extra_ids} after {body}")
+            stats["constrained_rows"] += 1
+        runner.commit(step, sample_step(step, processed, rng))
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
 # ---- 3. truncation samplers (top-n-sigma, typical-p, XTC) --------------------------------
 
 

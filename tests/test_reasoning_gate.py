@@ -1,0 +1,148 @@
+"""Think first, then answer constrained (``reasoning_end``, ``max_reasoning_tokens``).
+
+The gate's bookkeeping alone, then ``GrammarMaskProcessor`` driven with simulated V1 batches
+(joins, leaves, moves, preemption with the output so far) and random logits, as
+``test_grammar_bookkeeping.py`` does: a thinking row is left as it was (only end-of-sequence
+banned) or forced to the marker's next token; after the marker every row is a subset of the
+grammar's; every request ends complete. The real engine: ``test_reasoning_engine.py``; vLLM's
+real V2 sampler: the ``reasoning`` scenario of ``test_v2_real_sampler.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from constrained.grammars import GrammarSpec, compile_now
+from constrained.grammars.closing import completes
+from constrained.processors.grammar_mask import GrammarMaskProcessor
+from constrained.processors.reasoning_gate import (
+    Marker,
+    ReasoningGate,
+    marker_for,
+    prompt_closes_thinking,
+)
+from tests.simulate import Request, V1Batch
+from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
+
+__all__ = ["config", "vocab"]  # module fixtures shared with the bookkeeping test
+
+MARKER = "</think>"
+SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                     "required": ["ok"], "additionalProperties": False})  # fmt: skip
+
+
+# A toy vocabulary: 0 " ", 1 "\n\n", 2 "</", 3 "think", 4 ">", 5 ">\n\n", 6 "{", 7 "so".
+PIECES = [b" ", b"\n\n", b"</", b"think", b">", b">\n\n", b"{", b"so"]
+TOY = Marker(b"</think>", (2, 3, 4), ((2, 3, 4), (2, 3, 4), (3, 4), (3, 4), (3, 4), (3, 4),
+             (3, 4), (4,)), PIECES)  # fmt: skip
+
+
+def test_gate_follows_and_forces_the_marker():
+    gate = ReasoningGate(TOY, force_after=3)
+    assert gate.feed([7, 2]) is None and gate.forced_token() is None
+    assert gate.feed([0]) is None and gate.forced_token() == 2
+    assert gate.feed([2]) is None and gate.forced_token() == 3  # continues the partial "</"
+    assert gate.feed([3]) is None and gate.forced_token() == 4
+    assert gate.feed([4, 6]) == [6] and gate.open
+    free = ReasoningGate(TOY)
+    assert free.feed([7] * 100) is None and free.forced_token() is None
+    assert free.feed([2, 3, 5, 6]) == [6] and free.open  # ">\n\n" completes it too
+
+
+def test_prompt_that_closed_thinking():
+    assert prompt_closes_thinking([7, 2, 3, 5, 0], TOY)
+    assert prompt_closes_thinking([2, 3, 4], TOY)
+    assert not prompt_closes_thinking([2, 3, 4, 6], TOY)
+    assert not prompt_closes_thinking([3, 4, 1], TOY)
+
+
+def test_marker_from_a_real_vocabulary(vocab):
+    marker = marker_for(vocab, "</think>")
+    assert vocab.hf_tokenizer.decode(list(marker.ids)) == "</think>"
+    assert all(vocab.hf_tokenizer.decode(list(ids)) == "</think>"[k:]
+               for k, ids in enumerate(marker.rest))  # fmt: skip
+
+
+def split(tokens: list[int], vocab) -> tuple[list[int], list[int]] | None:
+    """(thinking, answer) around the token that completes the marker's text; None when the
+    text has no marker."""
+    for i in range(len(tokens)):
+        if MARKER in vocab.hf_tokenizer.decode(tokens[: i + 1]):
+            return tokens[:i], tokens[i + 1 :]
+    return None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_v1_thinks_then_answers_constrained(vocab, config, seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
+    reference = Reference(vocab)
+    marker = marker_for(vocab, MARKER).ids
+    assert len(marker) > 1  # the Qwen2 vocabulary spells it in pieces: partial matches count
+    newline = vocab.hf_tokenizer.encode("\n\n", add_special_tokens=False)
+    eos = vocab.eos_token_id
+    batch = V1Batch(CAPACITY, rng)
+    next_id, finished, thinking_rows, forced_rows, closed_prompts = 0, 0, 0, 0, 0
+    for step in range(150):
+        new = []
+        for _ in range(rng.randint(0, 2)):
+            think = rng.choice([None, 0, 2, 5, 9])
+            extra = {"json_schema": SCHEMA, "reasoning_end": MARKER}
+            if think is not None:
+                extra["max_reasoning_tokens"] = think
+            closed = rng.random() < 0.2  # the template already closed the thinking block
+            prompt = [rng.randrange(1000) for _ in range(3)] + (list(marker) + newline) * closed
+            budget = rng.choice([10_000, 60])  # never reached, or closing by max_tokens
+            params = SamplingParams(temperature=1.0, max_tokens=budget, extra_args=extra)
+            new.append(Request(next_id, params, prompt))
+            next_id += 1
+        proc.update_state(batch.step(new))
+        if not batch.rows:
+            continue
+        logits = torch.randn(len(batch.rows), WIDTH)
+        # Make the marker likely sometimes, so that models end thinking on their own too.
+        logits[:, marker[0]] += 6.0 * (torch.rand(len(batch.rows)) < 0.3)
+        out = proc.apply(logits.clone())
+        for i, req in enumerate(batch.rows):
+            extra = req.params.extra_args
+            closed_prompt = split(req.prompt, vocab) is not None
+            parts = ([], req.output) if closed_prompt else split(req.output, vocab)
+            allowed = out[i] > float("-inf")
+            if parts is None:  # still thinking
+                cap = extra.get("max_reasoning_tokens")
+                if (cap is not None and len(req.output) >= cap) or int(allowed.sum()) == 1:
+                    assert int(allowed.sum()) == 1, "a forced row allows one token"
+                    assert int(allowed.nonzero()[0]) in marker
+                    forced_rows += 1
+                else:
+                    assert not allowed[eos], "end-of-sequence while thinking"
+                    keep = torch.ones(WIDTH, dtype=torch.bool)
+                    keep[eos] = False
+                    assert torch.equal(out[i][keep], logits[i][keep]), "a thinking row was masked"
+                    thinking_rows += 1
+            else:
+                grammar_allows = reference.allowed({"json_schema": SCHEMA}, parts[1])
+                assert not (allowed & ~grammar_allows).any(), f"step {step}: outside the grammar"
+            token = sample(out[i], rng)
+            req.output.append(token)
+            if token == eos or len(req.output) >= req.params.max_tokens:
+                req.done = True
+                assert token == eos, f"cut at max_tokens: {req.output}"
+                parts = ([], req.output) if closed_prompt else split(req.output, vocab)
+                assert parts is not None, "ended without the marker"
+                matcher = compile_now(GrammarSpec("json_schema", SCHEMA), vocab).matcher()
+                assert completes(matcher, parts[1][:-1]), req.output
+                finished += 1
+                closed_prompts += closed_prompt
+    assert finished >= 20 and thinking_rows >= 50 and forced_rows >= 10 and closed_prompts >= 2, (
+        finished,
+        thinking_rows,
+        forced_rows,
+        closed_prompts,
+    )
