@@ -102,6 +102,14 @@ def show_json_answer(llm: Any, sampling_params: Any) -> None:
                                 extra_args=options.to_extra_args())  # fmt: skip
         out = llm.generate(["A person, as JSON:"], tight, use_tqdm=False)[0].outputs[0]
         print(f"   close_at_max_tokens={close}: {out.finish_reason}, {out.text}")
+    print("   thinking first (reasoning_end='</think>', forced after 6 tokens), then the schema:")
+    options = Options(json_schema=Person, reasoning_end="</think>", max_reasoning_tokens=6)
+    think = sampling_params(temperature=1.0, seed=0, max_tokens=120,
+                            extra_args=options.to_extra_args())  # fmt: skip
+    out = llm.generate(["Think, then answer:"], think, use_tqdm=False)[0].outputs[0]
+    thinking, _, answer = out.text.partition("</think>")
+    print(f"   thinking: {thinking!r}")
+    print(f"   answer ({out.finish_reason}): {Person.model_validate_json(answer)!r}")
 
 
 def show_refusal(llm: Any, sampling_params: Any) -> None:
