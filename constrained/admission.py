@@ -190,7 +190,7 @@ def compile_constraint(
     if max_tokens is not None and options.close_at_max_tokens is not False:
         marker = 0
         if options.reasoning_end is not None:
-            from constrained.processors.reasoning_gate import marker_for
+            from constrained.grammars.marker import marker_for
 
             marker = len(marker_for(vocab, options.reasoning_end).ids)
         check_budget(grammar, vocab, field, max_tokens, marker)

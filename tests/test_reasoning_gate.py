@@ -19,13 +19,9 @@ from vllm import SamplingParams
 
 from constrained.grammars import GrammarSpec, compile_now
 from constrained.grammars.closing import completes
+from constrained.grammars.marker import Marker, marker_for
 from constrained.processors.grammar_mask import GrammarMaskProcessor
-from constrained.processors.reasoning_gate import (
-    Marker,
-    ReasoningGate,
-    marker_for,
-    prompt_closes_thinking,
-)
+from constrained.processors.reasoning_gate import ReasoningGate, prompt_closes_thinking
 from tests.simulate import Request, V1Batch
 from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
 

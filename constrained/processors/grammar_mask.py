@@ -17,12 +17,13 @@ import torch
 
 from constrained.admission import closes_at_budget, spec_of, tokenizer_path
 from constrained.grammars import compiler_for, load_vocab
+from constrained.grammars.marker import marker_for
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.closing_plan import PlanShelf
 from constrained.processors.functional import apply_token_bitmask
 from constrained.processors.mask_fill import MaskWriter, RowState, V1MaskFill, V2MaskFill
-from constrained.processors.reasoning_gate import ReasoningGate, marker_for
+from constrained.processors.reasoning_gate import ReasoningGate
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 

@@ -9,7 +9,7 @@ once that many output tokens went by without it; finishing by ``max_tokens``
 whose text already ends with the marker, then whitespace (the chat template disabled
 thinking: Qwen3 writes ``<think>\\n\\n</think>\\n\\n``) opens the gate before the first token.
 
-Pure bookkeeping on token ids and their bytes, no tensors: ``mask_fill.MaskWriter`` asks it
+Pure bookkeeping on token ids and their bytes (``grammars/marker.py``), no tensors: ``mask_fill.MaskWriter`` asks it
 per step whether a row is free, forced to a marker token, or constrained.
 """
 
@@ -17,20 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from constrained.grammars.vocab import Vocab
-
-
-@dataclass(frozen=True)
-class Marker:
-    """The text that ends thinking, as bytes, and how to write it from any point."""
-
-    text: bytes
-    ids: tuple[int, ...]  # the marker's tokens, as the model writes it alone
-    rest: tuple[tuple[int, ...], ...]  # rest[k]: tokens for text[k:] (k bytes already out)
-    pieces: Sequence[bytes]  # every token id's text (special tokens included)
+from constrained.grammars.marker import Marker
 
 
 @dataclass
@@ -104,32 +92,3 @@ def prompt_closes_thinking(prompt_tail: Sequence[int], marker: Marker) -> bool:
 def prompt_tail_size(marker: Marker) -> int:
     """Prompt tokens to look at: the marker's, and a few of whitespace after it."""
     return len(marker.ids) + 4
-
-
-def marker_for(vocab: Vocab, text: str) -> Marker:
-    """The marker as this vocabulary writes it (built once per text)."""
-
-    def build() -> Marker:
-        raw = text.encode()
-        encode = vocab.hf_tokenizer.encode
-
-        def ids(part: bytes) -> tuple[int, ...]:
-            return tuple(encode(part.decode(errors="ignore"), add_special_tokens=False))
-
-        rest = tuple(ids(raw[k:]) for k in range(len(raw)))
-        return Marker(raw, rest[0], rest, text_pieces(vocab))
-
-    return vocab._once(f"marker_{text}", build)
-
-
-def text_pieces(vocab: Vocab) -> list[bytes]:
-    """Each token id's text as bytes, special tokens (``</think>``) included."""
-
-    def build() -> list[bytes]:
-        pieces = list(vocab.token_bytes())
-        for token_id, added in vocab.hf_tokenizer.added_tokens_decoder.items():
-            if token_id < len(pieces):
-                pieces[token_id] = added.content.encode()
-        return pieces
-
-    return vocab._once("text_pieces", build)

@@ -779,7 +779,7 @@ def reasoning() -> dict:
 
     from constrained.grammars import GrammarSpec, compile_now, load_vocab
     from constrained.grammars.closing import completes
-    from constrained.processors.reasoning_gate import marker_for
+    from constrained.grammars.marker import marker_for
     from constrained.tiny_model import build_tiny_model
 
     rng = random.Random(21)

@@ -1,0 +1,54 @@
+"""The text that ends a model's thinking (``reasoning_end``), as this vocabulary writes it.
+
+Bytes of every token (special tokens included: Qwen3's ``</think>`` is one token), and the
+marker's token ids from any point of it, for ``processors/reasoning_gate.py`` to follow and
+force, and for admission to count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from constrained.grammars.vocab import Vocab
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The text that ends thinking, as bytes, and how to write it from any point."""
+
+    text: bytes
+    ids: tuple[int, ...]  # the marker's tokens, as the model writes it alone
+    rest: tuple[tuple[int, ...], ...]  # rest[k]: tokens for text[k:] (k bytes already out)
+    pieces: Sequence[bytes]  # every token id's text (special tokens included)
+
+
+def marker_for(vocab: Vocab, text: str) -> Marker:
+    """The marker as this vocabulary writes it (built once per text)."""
+
+    def build() -> Marker:
+        raw = text.encode()
+        encode = vocab.hf_tokenizer.encode
+
+        def ids(part: bytes) -> tuple[int, ...]:
+            return tuple(encode(part.decode(errors="ignore"), add_special_tokens=False))
+
+        rest = tuple(ids(raw[k:]) for k in range(len(raw)))
+        return Marker(raw, rest[0], rest, text_pieces(vocab))
+
+    return vocab._once(f"marker_{text}", build)
+
+
+def text_pieces(vocab: Vocab) -> list[bytes]:
+    """Each token id's text as bytes, special tokens (``</think>``) included."""
+
+    def build() -> list[bytes]:
+        pieces = list(vocab.token_bytes())
+        for token_id, added in vocab.hf_tokenizer.added_tokens_decoder.items():
+            if token_id < len(pieces):
+                pieces[token_id] = added.content.encode()
+        return pieces
+
+    return vocab._once("text_pieces", build)
