@@ -9,8 +9,9 @@ once that many output tokens went by without it; finishing by ``max_tokens``
 whose text already ends with the marker, then whitespace (the chat template disabled
 thinking: Qwen3 writes ``<think>\\n\\n</think>\\n\\n``) opens the gate before the first token.
 
-Pure bookkeeping on token ids and their bytes (``grammars/marker.py``), no tensors: ``mask_fill.MaskWriter`` asks it
-per step whether a row is free, forced to a marker token, or constrained.
+Pure bookkeeping on token ids and their bytes (``grammars/marker.py``), no tensors:
+``mask_fill.MaskWriter`` asks it per step whether a row is free, forced to a marker token, or
+constrained.
 """
 
 from __future__ import annotations
