@@ -80,6 +80,9 @@ class AllowList:
         infers_container_type: without ``type``, it reads a schema with ``properties`` /
             ``additionalProperties`` as an object and one with ``items`` / ``prefixItems`` as
             an array (stricter: other types are refused), so those keywords count as typed.
+        skips_optional_group_rest: it matches an optional group whose body starts with a
+            ``*`` / ``+`` repetition without the rest of the body (``^(?:a*c)?d$`` takes
+            ``ad``; ``_optional_group_starting_with_repeat``): such a pattern is refused.
     """
 
     keywords: frozenset[str]
@@ -87,6 +90,7 @@ class AllowList:
     pattern_escapes: str
     schema_additional_properties: bool = True
     infers_container_type: bool = False
+    skips_optional_group_rest: bool = False
 
     def refusal(self, schema: Any) -> tuple[str, str] | None:
         """The first (keyword, JSON pointer) of ``schema`` not enforced, else ``None``."""
@@ -109,6 +113,8 @@ class AllowList:
             return False
         if _LOOKAROUND.search(pattern):
             return True
+        if self.skips_optional_group_rest and _optional_group_starting_with_repeat(pattern):
+            return True
         return self._escapes is not None and bool(self._escapes.search(pattern))
 
     @functools.cached_property
@@ -122,6 +128,108 @@ class AllowList:
             if problem:
                 return problem
         return None
+
+
+def _optional_group_starting_with_repeat(pattern: str) -> bool:
+    """A group made optional by ``?`` (``(...)?`` or ``(...)??``) one of whose alternatives
+    starts, possibly inside nested groups, with an element repeated by ``*``, ``+`` or
+    ``{n,}`` (``(?:a*c)?``, ``(?:(?:x|y)+@)?``); also ``True`` for a pattern it cannot read."""
+    try:
+        groups = _groups(pattern)
+    except ValueError:
+        return True
+    return any(
+        pattern[end + 1 : end + 2] == "?" and _starts_with_repeat(pattern, start, end, groups)
+        for start, end in groups.items()
+    )
+
+
+def _groups(pattern: str) -> dict[int, int]:
+    """Each group's ``(`` index and its ``)`` index (escapes and classes skipped)."""
+    found, open_at, i = {}, [], 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 1
+        elif char == "[":
+            i = _class_end(pattern, i)
+        elif char == "(":
+            open_at.append(i)
+        elif char == ")":
+            if not open_at:
+                raise ValueError(pattern)
+            found[open_at.pop()] = i
+        i += 1
+    if open_at:
+        raise ValueError(pattern)
+    return found
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index of the ``]`` closing the class opened at ``start``."""
+    i = start + 1
+    if pattern[i : i + 1] == "^":
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    if i >= len(pattern):
+        raise ValueError(pattern)
+    return i
+
+
+def _starts_with_repeat(pattern: str, start: int, end: int, groups: dict[int, int]) -> bool:
+    """The group ``pattern[start:end + 1]`` has an alternative whose first element is
+    repeated (``*``, ``+``, ``{n,}``), or is a group (unquantified) for which this holds."""
+    body = start + 1
+    if pattern[body : body + 2] == "?<":  # a named group (lookbehinds are refused anyway)
+        body = pattern.index(">", body) + 1
+    elif pattern[body : body + 1] == "?":  # (?: ...), lookaheads
+        body += 2
+    starts = [body] + [i + 1 for i in _top_level_bars(pattern, body, end, groups)]
+    for first in starts:
+        if first >= end or pattern[first] in "|)":
+            continue
+        after = _element_end(pattern, first, groups)
+        quantifier = pattern[after : after + 1]
+        if quantifier in ("*", "+") or re.match(r"\{\d*,\}", pattern[after:]):
+            return True
+        nested = pattern[first] == "(" and quantifier not in ("?", "{")
+        if nested and _starts_with_repeat(pattern, first, groups[first], groups):
+            return True
+    return False
+
+
+def _top_level_bars(pattern: str, body: int, end: int, groups: dict[int, int]) -> list[int]:
+    """The indexes of the ``|`` of the group body ``pattern[body:end]`` not nested deeper."""
+    bars, i = [], body
+    while i < end:
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "[":
+            i = _class_end(pattern, i) + 1
+            continue
+        if char == "(":
+            i = groups[i] + 1
+            continue
+        if char == "|":
+            bars.append(i)
+        i += 1
+    return bars
+
+
+def _element_end(pattern: str, first: int, groups: dict[int, int]) -> int:
+    """The index just after the element (atom, class, escape or group) starting at ``first``."""
+    char = pattern[first]
+    if char == "(":
+        return groups[first] + 1
+    if char == "[":
+        return _class_end(pattern, first) + 1
+    if char == "\\":
+        letter = pattern[first + 1 : first + 2]
+        return first + 2 + {"u": 4, "x": 2, "c": 1}.get(letter, 0)
+    return first + 1
 
 
 def _vacuous(key: str, sub: dict) -> bool:

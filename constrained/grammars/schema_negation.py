@@ -73,32 +73,80 @@ _NUMBERS = frozenset({"integer", "fraction"})
 @dataclass(frozen=True)
 class _Within:
     """Where a negation is taken: the document ``$ref``s point into, the references being
-    followed (a loop stops the negation), and the keys an object instance can have when
+    followed (a loop stops the negation), the keys an object instance can have when
     the caller knows it is closed (``oneOf`` against a branch with
-    ``additionalProperties: false``): then "a key outside ``properties``" can be written."""
+    ``additionalProperties: false``): then "a key outside ``properties``" can be written,
+    and ``given``: schemas every instance is known to satisfy (the other ``oneOf``
+    branch), whose keywords the negation may skip where the negated schema repeats them."""
 
     root: Any = None
     refs: tuple[str, ...] = ()
     keys: frozenset[str] | None = None
+    given: tuple[dict, ...] = ()
 
     def through(self, ref: str) -> _Within:
         return dataclasses.replace(self, refs=(*self.refs, ref))
 
-    def inside(self) -> _Within:
-        """For a property's or item's value: another instance, keys unknown."""
-        return dataclasses.replace(self, keys=None)
+    def inside(self, given: tuple[dict, ...] = ()) -> _Within:
+        """For a property's or item's value: another instance, keys unknown, known to
+        satisfy ``given``."""
+        return dataclasses.replace(self, keys=None, given=given)
 
 
 def negate(
     schema: Any, kinds: frozenset[str] = KINDS, root: Any = None,
-    keys: frozenset[str] | None = None,
+    keys: frozenset[str] | None = None, given: Any = True,
 ) -> Any | None:  # fmt: skip
     """A schema whose instances of ``kinds`` are exactly those ``schema`` rejects (outside
     ``kinds`` it may say anything: every caller intersects it with schemas of those kinds);
     ``None`` when that cannot be written exactly (see the module docstring). ``root``: the document
     local ``$ref``s point into (a ``$ref`` is negated through its target, once per chain);
-    ``keys``: the only keys an object instance can have, when known."""
-    return _negate(schema, kinds, _Within(root, (), keys))
+    ``keys``: the only keys an object instance can have, when known; ``given``: a schema
+    every instance satisfies (the caller intersects the negation with it): only the
+    instances of ``given`` are then exact, and a keyword ``given`` asserts too (the same
+    value, with the keywords its meaning depends on) is not negated, as none of them fails
+    it (``¬S`` of a ``oneOf`` branch beside one sharing most of ``S``)."""
+    return _negate(schema, kinds, _Within(root, (), keys, _given(given, root)))
+
+
+def _given(schema: Any, root: Any) -> tuple[dict, ...]:
+    """The objects of ``_conjuncts``: schemas every instance of ``schema`` satisfies."""
+    return tuple(c for c in _conjuncts(schema, root) if isinstance(c, dict))
+
+
+# What a keyword means depends on these siblings too: two schemas assert the same with it
+# only when they agree on all of them.
+_DEPENDS_ON = {
+    "additionalProperties": ("properties", "patternProperties"),
+    "items": ("prefixItems",),
+    "additionalItems": ("items",),
+    "maximum": ("exclusiveMaximum",),
+    "minimum": ("exclusiveMinimum",),
+    "exclusiveMaximum": ("maximum",),
+    "exclusiveMinimum": ("minimum",),
+    "contains": ("minContains", "maxContains"),
+    "minContains": ("contains", "maxContains"),
+    "maxContains": ("contains", "minContains"),
+    "if": ("then", "else"),
+    "then": ("if", "else"),
+    "else": ("if", "then"),
+}
+# Keywords whose meaning depends on other subschemas or on the base URI: never compared.
+_NOT_COMPARED = frozenset(
+    {"$ref", "$dynamicRef", "$recursiveRef", "unevaluatedProperties", "unevaluatedItems"}
+)
+
+
+def _implied(keyword: str, schema: dict, given: tuple[dict, ...]) -> bool:
+    """Every instance of ``given`` satisfies ``keyword`` of ``schema``: one of them has the
+    same keyword with the same value, and the same siblings that keyword depends on."""
+    if keyword in _NOT_COMPARED or not given:
+        return False
+    names = (keyword, *_DEPENDS_ON.get(keyword, ()))
+    return any(
+        all((n in g) == (n in schema) and (n not in g or same_json(g[n], schema[n])) for n in names)
+        for g in given
+    )
 
 
 def _negate(schema: Any, kinds: frozenset[str], at: _Within) -> Any | None:
@@ -111,6 +159,8 @@ def _negate(schema: Any, kinds: frozenset[str], at: _Within) -> Any | None:
         return None
     if "$ref" in schema:
         return _negate_ref(schema, kinds, at)
+    for known in at.given:
+        kinds &= kinds_of(known)  # instances of other kinds are outside ``given``
     disjuncts: list[Any] = []
     own = kinds_of(schema) & kinds  # other keywords are negated within these kinds
     if own != kinds:  # instances of the other kinds fail ``type`` / ``enum`` / ``const``
@@ -123,6 +173,8 @@ def _negate(schema: Any, kinds: frozenset[str], at: _Within) -> Any | None:
             continue
         if not own:
             break
+        if _implied(keyword, schema, at.given):
+            continue  # no instance of ``given`` fails it
         negated = _negate_keyword(keyword, value, schema, own, at)
         if negated is None:
             return None
@@ -178,7 +230,9 @@ def _negate_keyword(
             return False if "object" not in kinds else None
         failing = []
         for name, sub in value.items():
-            negated = _negate(sub, KINDS, at.inside())
+            if at.keys is not None and name not in at.keys:
+                continue  # the instance cannot have this key
+            negated = _negate(sub, KINDS, at.inside(_property_given(at.given, name, at.root)))
             if negated is None:
                 return None
             if negated is not False:
@@ -190,7 +244,7 @@ def _negate_keyword(
         prefix = schema.get("prefixItems", [])  # 2020-12: "items" covers what follows them
         if value is False and isinstance(prefix, list):
             return {"type": "array", "minItems": len(prefix) + 1}
-        return None
+        return None if "prefixItems" in schema else _negate_items(value, at)
     if keyword == "additionalItems":
         items = schema.get("items")
         if "array" not in kinds or not isinstance(items, list) or value in (True, {}):
@@ -214,6 +268,35 @@ def _negate_keyword(
     if keyword == "not":
         return value  # ¬¬S = S
     return None
+
+
+def _negate_items(value: Any, at: _Within) -> Any | None:
+    """Arrays with an item failing ``value``, among those of ``given`` (whose every item
+    satisfies the ``items`` of ``given``): none when those imply ``value``, every non-empty
+    one when they exclude it; else ``None`` (no keyword says "some item fails")."""
+    items = tuple(
+        schema["items"]
+        for schema in at.given
+        if "items" in schema and not isinstance(schema["items"], list)
+        and "prefixItems" not in schema
+    )  # fmt: skip
+    if not items:
+        return None
+    if _negate(value, KINDS, at.inside(_given({"allOf": list(items)}, at.root))) is False:
+        return False
+    if any(apart(value, item, at.root) == KINDS for item in items):
+        return {"type": "array", "minItems": 1}
+    return None
+
+
+def _property_given(given: tuple[dict, ...], name: str, root: Any) -> tuple[dict, ...]:
+    """What ``given`` says of property ``name``'s value, when the instance has it."""
+    found: tuple[dict, ...] = ()
+    for schema in given:
+        named = schema.get("properties")
+        if isinstance(named, dict) and name in named:
+            found += _given(named[name], root)
+    return found
 
 
 def _negate_additional(value: Any, schema: dict, kinds: frozenset[str], at: _Within) -> Any:
@@ -339,10 +422,193 @@ def apart(a: Any, b: Any, root: Any = None, _depth: int = 0) -> frozenset[str]:
             return KINDS
     if "object" in shared and _objects_apart(conj_a, conj_b, root, _depth):
         shared -= {"object"}
+    if "string" in shared and _strings_apart(conj_a, conj_b):
+        shared -= {"string"}
     return KINDS - shared
 
 
+def _strings_apart(conj_a: list[dict], conj_b: list[dict]) -> bool:
+    """A ``pattern`` of each side, anchored at the start, whose possible first characters
+    share none (and neither matches the empty string: every string it matches has one)."""
+    firsts_a = [_first_chars(c.get("pattern")) for c in conj_a if "pattern" in c]
+    firsts_b = [_first_chars(c.get("pattern")) for c in conj_b if "pattern" in c]
+    return any(
+        a is not None and b is not None and _disjoint_chars(a, b)
+        for a, b in itertools.product(firsts_a, firsts_b)
+    )
+
+
+# A set of characters: (False, chars) is ``chars``; (True, chars) every character but them.
+_Chars = tuple[bool, frozenset[str]]
+_CLASS_ESCAPES = {
+    "d": frozenset("0123456789"),
+    "w": frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"),
+}
+_SPECIAL = frozenset("\\^$.|?*+()[]{}")
+
+
+def _first_chars(pattern: Any) -> _Chars | None:
+    """The characters a string matching ECMA-262 ``pattern`` can start with, for a pattern
+    anchored by a leading ``^`` whose rest never matches the empty string; ``None`` when
+    unknown (other syntax: lookarounds, backreferences, ``\\s``...)."""
+    if not isinstance(pattern, str) or not pattern.startswith("^"):
+        return None
+    if any(ord(ch) > 0xFFFF for ch in pattern):
+        return None  # two UTF-16 units to ECMA-262, one character to a JSON string
+    try:
+        parser = _FirstChars(pattern, 1)
+        first, nullable = parser.sequence()
+    except (ValueError, IndexError):
+        return None
+    if parser.at != len(pattern) or nullable:
+        return None  # a top-level "|" (its other side is not anchored), or "" matches
+    return first
+
+
+class _FirstChars:
+    """A recursive-descent reading of a small ECMA-262 subset: for each part, the
+    characters it can start with and whether it can match the empty string."""
+
+    def __init__(self, pattern: str, at: int) -> None:
+        self.pattern, self.at = pattern, at
+
+    def peek(self) -> str:
+        return self.pattern[self.at] if self.at < len(self.pattern) else ""
+
+    def sequence(self) -> tuple[_Chars, bool]:
+        first: _Chars = (False, frozenset())
+        nullable = True
+        while self.peek() not in ("", "|", ")"):
+            atom, atom_nullable = self.quantified()
+            if nullable:
+                first = _union_chars(first, atom)
+            nullable = nullable and atom_nullable
+        return first, nullable
+
+    def alternation(self) -> tuple[_Chars, bool]:
+        first, nullable = self.sequence()
+        while self.peek() == "|":
+            self.at += 1
+            more, more_nullable = self.sequence()
+            first, nullable = _union_chars(first, more), nullable or more_nullable
+        return first, nullable
+
+    def quantified(self) -> tuple[_Chars, bool]:
+        first, nullable = self.atom()
+        char = self.peek()
+        if char in ("?", "*"):
+            self.at += 1
+            nullable = True
+        elif char == "+":
+            self.at += 1
+        elif char == "{":
+            end = self.pattern.index("}", self.at)
+            low = self.pattern[self.at + 1 : end].split(",")[0]
+            if not low.isdigit():
+                raise ValueError(self.pattern)
+            self.at = end + 1
+            nullable = nullable or int(low) == 0
+        if char in ("?", "*", "+", "{") and self.peek() == "?":
+            self.at += 1  # lazy: the same strings
+        return first, nullable
+
+    def atom(self) -> tuple[_Chars, bool]:
+        char = self.peek()
+        self.at += 1
+        if char == "(":
+            if self.peek() == "?":
+                if self.pattern[self.at : self.at + 2] != "?:":
+                    raise ValueError(self.pattern)  # a lookaround or a named group
+                self.at += 2
+            found = self.alternation()
+            if self.peek() != ")":
+                raise ValueError(self.pattern)
+            self.at += 1
+            return found
+        if char == "[":
+            return self.character_class(), False
+        if char == "\\":
+            return self.escape(), False
+        if char == "$":
+            return (False, frozenset()), True  # matches "" (at the end only)
+        if char == ".":
+            return (True, frozenset("\n\r\u2028\u2029")), False  # not a line terminator
+        if char in _SPECIAL:
+            raise ValueError(self.pattern)  # "^" inside, a quantifier with nothing before...
+        return (False, frozenset(char)), False
+
+    def escape(self) -> _Chars:
+        char = self.peek()
+        self.at += 1
+        if char in _CLASS_ESCAPES:
+            return False, _CLASS_ESCAPES[char]
+        if char.isalnum() or not char:
+            raise ValueError(self.pattern)  # \\s, \\b, \\u..., backreferences
+        return False, frozenset(char)
+
+    def character_class(self) -> _Chars:
+        negated = self.peek() == "^"
+        if negated:
+            self.at += 1
+        if self.peek() == "]":
+            raise ValueError(self.pattern)  # "[]" / "[^]"
+        chars: set[str] = set()
+        while self.peek() != "]":
+            low = self.class_char()
+            if isinstance(low, str) and self.peek() == "-" and self.pattern[self.at + 1] != "]":
+                self.at += 1
+                high = self.class_char()
+                if not isinstance(high, str) or ord(high) < ord(low):
+                    raise ValueError(self.pattern)
+                chars.update(chr(c) for c in range(ord(low), ord(high) + 1))
+            elif isinstance(low, str):
+                chars.add(low)
+            else:
+                chars.update(low)
+        self.at += 1
+        return negated, frozenset(chars)
+
+    def class_char(self) -> str | frozenset[str]:
+        char = self.peek()
+        if not char:
+            raise ValueError(self.pattern)
+        self.at += 1
+        if char != "\\":
+            return char
+        escaped = self.peek()
+        self.at += 1
+        if escaped in _CLASS_ESCAPES:
+            return _CLASS_ESCAPES[escaped]
+        if escaped.isalnum() or not escaped:
+            raise ValueError(self.pattern)
+        return escaped
+
+
+def _union_chars(a: _Chars, b: _Chars) -> _Chars:
+    (neg_a, set_a), (neg_b, set_b) = a, b
+    if not neg_a and not neg_b:
+        return False, set_a | set_b
+    if neg_a and neg_b:
+        return True, set_a & set_b
+    return (True, set_a - set_b) if neg_a else (True, set_b - set_a)
+
+
+def _disjoint_chars(a: _Chars, b: _Chars) -> bool:
+    (neg_a, set_a), (neg_b, set_b) = a, b
+    if neg_a and neg_b:
+        return False
+    if not neg_a and not neg_b:
+        return not set_a & set_b
+    return set_b <= set_a if neg_a else set_a <= set_b
+
+
 _MAX_PROOF_DEPTH = 6  # nested discriminators followed; recursive schemas stop here
+
+
+def conjuncts(schema: Any, root: Any = None) -> list[Any]:
+    """``schema`` (through ``$ref``s into ``root``) and, recursively, its ``allOf``
+    branches: every instance satisfies each. ``False`` among them when one accepts nothing."""
+    return _conjuncts(schema, root)
 
 
 def _conjuncts(schema: Any, root: Any, depth: int = 0) -> list[Any]:
@@ -414,6 +680,11 @@ def _target(schema: Any, root: Any, depth: int = 0) -> Any:
             return {}  # unknown: anything
         schema, depth = target, depth + 1
     return schema
+
+
+def values_of(schema: dict) -> list[Any] | None:
+    """The values a schema's own ``const`` / ``enum`` allow, if it has one."""
+    return _values(schema)
 
 
 def _values(schema: dict) -> list[Any] | None:

@@ -35,10 +35,16 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import copy
+import decimal
 import functools
 import json
+import re
+from collections.abc import Iterator
 from typing import Any
+
+from jsonschema import validators
 
 from constrained.grammars.schema_negation import (
     KINDS,
@@ -46,21 +52,29 @@ from constrained.grammars.schema_negation import (
     any_of,
     apart,
     closed_keys,
+    conjuncts,
     kinds_of,
     lacks,
     negate,
     type_of,
+    values_of,
 )
 from constrained.grammars.schema_walk import (
+    ANNOTATIONS,
     VALIDATION_KEYWORDS,
     escape_pointer,
+    is_int,
     is_number,
     is_unknown_format,
-    local_refs,
+    local_refs_at,
     map_subschemas,
+    nested_resources,
+    reachable_subschemas,
+    resolve_pointer,
 )
 
 MAX_ONE_OF_BRANCHES = 8  # oneOf by negation costs n² negations
+MAX_FINITE_VALUES = 1000  # values of an enum judged one by one
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,14 +95,24 @@ def rewrite_schema(schema: Any) -> Any:
     """
     if _uses_unevaluated(schema):
         return schema
+    original = schema
     schema = copy.deepcopy(schema)
-    return _Rewriter(schema, {ref for _, ref in local_refs(schema)}).node(schema, "#")
+    return _Rewriter(schema, original).node(schema, "#")
 
 
 class _Rewriter:
-    def __init__(self, root: Any, refs: set[str]) -> None:
-        self.root = root
-        self.refs = refs  # a keyword a $ref points into keeps its place
+    def __init__(self, root: Any, original: Any) -> None:
+        self.root = root  # rewritten in place, bottom-up
+        self.original = original  # as written: what ``_finite`` judges values by
+        # (target, where the $ref is), sorted: those into one subschema are adjacent
+        self.refs = sorted((ref, where) for where, ref in local_refs_at(original))
+        # Keywords are compared across subschemas (``negate``'s ``given``) only where every
+        # ``$ref`` in them resolves against the same base URI: no nested ``$id``.
+        self.one_resource = next(nested_resources(root), None) is None
+
+    def given(self, *schemas: Any) -> Any:
+        """What every instance a negation is intersected with satisfies (``negate``)."""
+        return all_of(list(schemas)) if self.one_resource else True
 
     def node(self, schema: Any, path: str) -> Any:
         if not isinstance(schema, dict):
@@ -98,6 +122,9 @@ class _Rewriter:
         if _only_keyword(inner, "not") and not self._pointed_into(path, "not"):
             added.append(self.node(schema.pop("not")["not"], f"{path}/not/not"))  # ¬¬S = S
         map_subschemas(schema, path, self.node)  # bottom-up: children first
+        values = self._finite(path)
+        if values is not None:
+            return {k: v for k, v in schema.items() if k in _KEPT_BESIDE_ENUM} | {"enum": values}
         for keywords, rule in (
             (("if", "then", "else"), self._if_then_else),
             (("dependencies",), self._dependencies),
@@ -107,9 +134,13 @@ class _Rewriter:
             (("oneOf",), self._one_of),
         ):
             if keywords[0] in schema and not any(self._pointed_into(path, k) for k in keywords):
-                done = rule(schema, keywords[0])
+                done = rule(schema, keywords[0], path)
                 if done is not None:
                     added.extend(done)
+        written = FORMAT_PATTERNS.get(schema.get("format"))  # type: ignore[arg-type]
+        if written is not None and not self._pointed_into(path, "format"):
+            del schema["format"]
+            added.append({"pattern": written})
         for keyword in _asserting_nothing(schema):
             if not self._pointed_into(path, keyword):
                 del schema[keyword]
@@ -117,16 +148,63 @@ class _Rewriter:
             schema.pop("then", None), schema.pop("else", None)  # no effect without "if"
         return _conjoin(schema, added)
 
-    def _pointed_into(self, path: str, keyword: str) -> bool:
-        prefix = f"{path}/{escape_pointer(keyword)}"
-        return any(ref == prefix or ref.startswith(prefix + "/") for ref in self.refs)
+    def _finite(self, path: str) -> list[Any] | None:
+        """The values the node at ``path`` accepts, when an ``enum`` or ``const`` among its
+        conjuncts bounds them and every other keyword can be judged here exactly: each of
+        those values checked by ``jsonschema`` against the node as written (with the
+        draft of ``$schema``; without one, every draft must agree). ``None`` otherwise."""
+        node = resolve_pointer(self.original, path) if self.one_resource else None
+        if not isinstance(node, dict) or not set(node) - _PLAIN_BESIDE_ENUM:
+            return None  # nothing but the enum, its type and annotations: nothing to judge
+        candidates = _candidates(node, self.original)
+        if candidates is None:
+            return None
+        dropped = [f"{path}/{escape_pointer(k)}" for k in node if k not in _KEPT_BESIDE_ENUM]
+        if any(
+            not _within(source, dropped) for prefix in dropped for source in self._refs_into(prefix)
+        ):
+            return None  # a $ref from outside points into what the enum replaces
+        if not _judged_exactly(node, self.original, candidates):
+            return None
+        return _valid_values(node, self.original, candidates)
 
-    def _if_then_else(self, schema: dict, _: str) -> list[Any] | None:
+    def _failing(self, given: Any, path: str) -> Any | None:
+        """The instances of ``given`` that the subschema at ``path`` (as written) rejects,
+        when ``given`` bounds them to the values of an ``enum`` or ``const`` and each can be
+        judged exactly (``_finite``): ``{"enum": those failing}``; ``None`` otherwise."""
+        schema = resolve_pointer(self.original, path) if self.one_resource else None
+        candidates = _candidates(given, self.root)
+        if schema is None or candidates is None:
+            return None
+        if not _judged_exactly(schema, self.original, candidates):
+            return None
+        valid = _valid_values(schema, self.original, candidates)
+        if valid is None:
+            return None
+        failing = [v for v in candidates if not any(v is w for w in valid)]
+        return {"enum": failing} if failing else False
+
+    def _pointed_into(self, path: str, keyword: str) -> bool:
+        return next(self._refs_into(f"{path}/{escape_pointer(keyword)}"), None) is not None
+
+    def _refs_into(self, prefix: str) -> Iterator[str]:
+        """Where each ``$ref`` pointing at ``prefix`` or inside it is."""
+        at = bisect.bisect_left(self.refs, (prefix, ""))
+        while at < len(self.refs):
+            target, where = self.refs[at]
+            if not target.startswith(prefix):
+                return
+            if target == prefix or target.startswith(prefix + "/"):
+                yield where
+            at += 1
+
+    def _if_then_else(self, schema: dict, _: str, __: str) -> list[Any] | None:
         condition = schema["if"]
         if "then" not in schema and "else" not in schema:
             del schema["if"]  # asserts nothing alone
             return []
-        negated = negate(condition, kinds_of(schema), self.root)
+        given = self.given(_without(schema, ("if", "then", "else")))
+        negated = negate(condition, kinds_of(schema), self.root, given=given)
         if negated is None:
             return None
         branches = [
@@ -137,7 +215,7 @@ class _Rewriter:
             schema.pop(key, None)
         return [any_of(branches)]
 
-    def _dependencies(self, schema: dict, keyword: str) -> list[Any] | None:
+    def _dependencies(self, schema: dict, keyword: str, _: str) -> list[Any] | None:
         value = schema[keyword]
         if not isinstance(value, dict):
             return None
@@ -152,21 +230,24 @@ class _Rewriter:
         del schema[keyword]
         return added
 
-    def _not(self, schema: dict, _: str) -> list[Any] | None:
-        negated = negate(schema["not"], kinds_of(schema), self.root)
+    def _not(self, schema: dict, _: str, __: str) -> list[Any] | None:
+        given = self.given(_without(schema, ("not",)))
+        negated = negate(schema["not"], kinds_of(schema), self.root, given=given)
         if negated is None:
             return None
         del schema["not"]
         return [negated]
 
-    def _one_of(self, schema: dict, _: str) -> list[Any] | None:
+    def _one_of(self, schema: dict, _: str, path: str) -> list[Any] | None:
         branches = schema["oneOf"]
         if not isinstance(branches, list) or len(branches) > MAX_ONE_OF_BRANCHES:
             return None
         exclusive = []
+        rest = _without(schema, ("oneOf",))
         for i, branch in enumerate(branches):
             parts = [branch]
             within = kinds_of(schema) & kinds_of(branch)  # ¬other only where branch can be
+            given = self.given(rest, branch)  # what the instances ¬other is taken over satisfy
             for j, other in enumerate(branches):
                 if i == j:
                     continue
@@ -174,9 +255,11 @@ class _Rewriter:
                 if separate == within:
                     continue
                 # kinds proven apart are outside ``other`` already; negate it on the rest
-                negated = negate(
-                    other, within - separate, self.root, closed_keys(branch, self.root)
-                )
+                negated = self._failing(given, f"{path}/oneOf/{j}")
+                if negated is None:
+                    negated = negate(
+                        other, within - separate, self.root, closed_keys(branch, self.root), given
+                    )
                 separate_type = type_of(separate) if separate else None
                 if negated is None or (separate and separate_type is None):
                     return None
@@ -184,6 +267,201 @@ class _Rewriter:
             exclusive.append(all_of(parts))
         del schema["oneOf"]
         return [any_of(exclusive)]
+
+
+# Without a ``$schema``, every keyword is enforced whichever draft defined it (``const``,
+# ``if``... as the rewrite rules do): values are kept where these drafts agree.
+_DRAFTS = (
+    validators.Draft7Validator,
+    validators.Draft201909Validator,
+    validators.Draft202012Validator,
+)
+_PLAIN_BESIDE_ENUM = ANNOTATIONS | {"enum", "const", "type"}
+_KEPT_BESIDE_ENUM = ANNOTATIONS  # ``$defs`` / ``definitions`` stay for the $refs into them
+# Keywords whose verdict ``jsonschema`` may give differently from the backends (regex
+# dialects, format checkers, floating-point ``multipleOf``) or not at all (remote references,
+# dynamic scopes): a finite node using them is left to the other rules.
+_NOT_JUDGED = frozenset(
+    {"format", "$dynamicRef", "$recursiveRef", "unevaluatedProperties", "unevaluatedItems"}
+)
+
+
+def _candidates(schema: Any, root: Any) -> list[Any] | None:
+    """The fewest values an ``enum`` / ``const`` among ``schema``'s conjuncts allows (every
+    instance is one of them), at most ``MAX_FINITE_VALUES``; ``None`` if none bounds them."""
+    found = None
+    for conjunct in conjuncts(schema, root):
+        values = values_of(conjunct) if isinstance(conjunct, dict) else None
+        if values is not None and (found is None or len(values) < len(found)):
+            found = values
+    return found if found is not None and len(found) <= MAX_FINITE_VALUES else None
+
+
+def _judged_exactly(node: dict, root: Any, candidates: list[Any]) -> bool:
+    """``jsonschema`` judges ``candidates`` against ``node`` as the backends would: no
+    keyword of ``_NOT_JUDGED`` (an unknown ``format`` asserts nothing), local ``$ref``s only,
+    integral ``multipleOf`` over integers only, and patterns only where ECMA-262 and Python
+    agree (``_same_regex``) on strings without line breaks."""
+    strings = [text for value in candidates for text in _strings_in(value)]
+    for _, sub in reachable_subschemas(node, root):
+        for keyword, value in sub.items():
+            if keyword in _NOT_JUDGED and not (keyword == "format" and is_unknown_format(value)):
+                return False
+            if keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+                return False
+            if keyword in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
+                return False  # draft 4's meaning, which later drafts would misread
+            if keyword == "multipleOf" and not _exact_multiples(value, candidates):
+                return False
+            patterns = [value] if keyword == "pattern" else []
+            if keyword in ("patternProperties",) and isinstance(value, dict):
+                patterns = list(value)
+            if patterns and not all(_same_regex(p, strings) for p in patterns):
+                return False
+    return True
+
+
+def _exact_multiples(divisor: Any, candidates: list[Any]) -> bool:
+    """``jsonschema`` (floating point) tells, for every number in ``candidates``, whether it
+    is a multiple of ``divisor`` as the decimal numbers written are."""
+    if not is_number(divisor) or divisor <= 0:
+        return False
+    numbers = [v for v in _leaves(candidates) if is_number(v)]
+    if is_int(divisor) and all(is_int(v) for v in numbers):
+        return True  # integer remainders: exact
+    check = validators.Draft202012Validator({"multipleOf": divisor})
+    try:
+        with decimal.localcontext() as exact:
+            exact.prec = 1000
+            step = decimal.Decimal(repr(divisor))
+            return all(check.is_valid(v) == (decimal.Decimal(repr(v)) % step == 0) for v in numbers)
+    except (ArithmeticError, ValueError):
+        return False
+
+
+def _within(pointer: str, prefixes: list[str]) -> bool:
+    """``pointer`` is one of ``prefixes`` or inside one."""
+    return any(pointer == p or pointer.startswith(p + "/") for p in prefixes)
+
+
+# Read differently by Python's ``re``: its extensions (``(?``, possessive quantifiers), ``{,n}``
+# (a quantifier in Python only), nested sets, and ``[]`` / ``[^]`` (an empty class and any
+# character in ECMA-262, the start of a class holding ``]`` in Python).
+_PYTHON_ONLY = ("(?", "*+", "++", "?+", "}+", "{,", "[[", "[]", "[^]")
+
+
+def _same_regex(pattern: Any, strings: list[str]) -> bool:
+    """Python's ``re.search`` and ECMA-262 agree on ``pattern`` over ``strings``: printable
+    strings of the Basic Multilingual Plane (no line break: ``.`` and ``$`` differ there;
+    one UTF-16 unit per character), and a pattern of such literals, ``.``, classes, groups,
+    alternation, quantifiers and anchors only: no escape of a letter or digit (``\\d``,
+    ``\\s``, ``\\b``... differ), none of ``_PYTHON_ONLY``."""
+    if not isinstance(pattern, str) or not _bmp_printable(pattern):
+        return False
+    if any(text in pattern for text in _PYTHON_ONLY):
+        return False
+    if re.search(r"\\[A-Za-z0-9]", pattern):
+        return False
+    return all(_bmp_printable(text) for text in strings)
+
+
+def _bmp_printable(text: str) -> bool:
+    return text.isprintable() and all(ord(ch) <= 0xFFFF for ch in text)
+
+
+def _valid_values(node: dict, root: Any, candidates: list[Any]) -> list[Any] | None:
+    """The candidates ``node`` accepts, judged with the root's draft, or the drafts of
+    ``_DRAFTS`` in agreement; ``None`` when they disagree or ``jsonschema`` cannot judge."""
+    known = (
+        validators.validator_for(root, default=None)
+        if isinstance(root, dict) and isinstance(root.get("$schema"), str)
+        else None
+    )
+    drafts = [known] if known is not None else list(_DRAFTS)
+    kept = []
+    try:
+        checks = [cls(root).evolve(schema=node) for cls in drafts]
+        for value in candidates:
+            verdicts = {check.is_valid(value) for check in checks}
+            if len(verdicts) > 1:
+                return None
+            if verdicts.pop():
+                kept.append(value)
+    except Exception:  # a schema one draft cannot read (booleans in draft 4...)
+        return None
+    return kept
+
+
+def _leaves(values: list[Any]) -> list[Any]:
+    """Every scalar inside ``values``."""
+    found: list[Any] = []
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        else:
+            found.append(value)
+    return found
+
+
+def _strings_in(value: Any) -> list[str]:
+    """Every string inside a JSON value, object keys included."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            found.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _uri_reference() -> str:
+    """RFC 3986's ``URI-reference`` (section 4.1) as an anchored ECMA-262 pattern, rule by
+    rule from its collected ABNF (appendix A); ASCII only (IRIs are another format)."""
+    unreserved, pct, sub = r"[A-Za-z0-9\-._~]", "%[0-9A-Fa-f]{2}", "[!$&'()*+,;=]"
+    pchar = f"(?:{unreserved}|{pct}|{sub}|[:@])"
+    h16, octet = "[0-9A-Fa-f]{1,4}", "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ipv4 = rf"{octet}\.{octet}\.{octet}\.{octet}"
+    ls32 = f"(?:{h16}:{h16}|{ipv4})"
+    ipv6 = "|".join(
+        [f"(?:{h16}:){{6}}{ls32}", f"::(?:{h16}:){{5}}{ls32}", f"(?:{h16})?::(?:{h16}:){{4}}{ls32}"]
+        + [
+            f"(?:(?:{h16}:){{0,{n - 1}}}{h16})?::{middle}"
+            for n, middle in [
+                (2, f"(?:{h16}:){{3}}{ls32}"), (3, f"(?:{h16}:){{2}}{ls32}"),
+                (4, f"{h16}:{ls32}"), (5, ls32), (6, h16), (7, ""),
+            ]
+        ]
+    )  # fmt: skip
+    ip_future = rf"v[0-9A-Fa-f]+\.(?:{unreserved}|{sub}|:)+"
+    host = rf"(?:\[(?:{ipv6}|{ip_future})\]|(?:{unreserved}|{pct}|{sub})*)"
+    authority = f"(?:(?:{unreserved}|{pct}|{sub}|:)*@)?{host}(?::[0-9]*)?"
+    segments = f"(?:/{pchar}*)*"
+    after_path = f"(?:\\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?"  # query, fragment
+    absolute = f"/(?:{pchar}+{segments})?"
+    hier_part = f"//{authority}{segments}|{absolute}|{pchar}+{segments}|"
+    relative_part = f"//{authority}{segments}|{absolute}|(?:{unreserved}|{pct}|{sub}|@)+{segments}|"
+    uri = f"[A-Za-z][A-Za-z0-9+\\-.]*:(?:{hier_part}){after_path}"
+    return f"^(?:{uri}|(?:{relative_part}){after_path})$"
+
+
+_JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
+# Formats JSON Schema defines that backends do not know, as the exact pattern of their RFC
+# (strings only, as ``format`` and ``pattern`` both are): checked against the
+# JSON-Schema-Test-Suite's ``optional/format`` groups (``tests/test_schema_rewrite.py``).
+FORMAT_PATTERNS = {
+    "uri-reference": _uri_reference(),
+    "json-pointer": f"^{_JSON_POINTER}$",  # RFC 6901
+    "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})$",
+}
 
 
 def _asserting_nothing(schema: dict) -> list[str]:
@@ -201,6 +479,12 @@ def _asserting_nothing(schema: dict) -> list[str]:
     ):
         found.append("propertyNames")  # every key is a string it accepts
     return found
+
+
+def _without(schema: dict, keywords: tuple[str, ...]) -> dict:
+    """``schema`` less ``keywords`` (the ones a rule replaces: never assumed while
+    computing their replacement)."""
+    return {k: v for k, v in schema.items() if k not in keywords}
 
 
 def _at_most(value: Any, bound: int) -> bool:

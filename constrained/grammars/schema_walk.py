@@ -113,6 +113,21 @@ def local_refs(value: Any) -> Iterator[tuple[Mapping, str]]:
             stack.extend(node)
 
 
+def local_refs_at(value: Any, path: str = "#") -> Iterator[tuple[str, str]]:
+    """``local_refs`` with where each sits: (pointer to the object holding the ``$ref``,
+    the ``$ref``)."""
+    stack = [(path, value)]
+    while stack:
+        at, node = stack.pop()
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                yield at, ref
+            stack.extend((f"{at}/{escape_pointer(k)}", v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{at}/{i}", v) for i, v in enumerate(node))
+
+
 def escape_pointer(name: str) -> str:
     """``name`` as one JSON-pointer segment (``~`` and ``/`` escaped)."""
     return str(name).replace("~", "~0").replace("/", "~1")
@@ -136,11 +151,15 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return node
 
 
-def reachable_subschemas(schema: Any) -> Iterator[tuple[str, dict]]:
+def reachable_subschemas(
+    schema: Any, root: Any = None, path: str = "#"
+) -> Iterator[tuple[str, dict]]:
     """``iter_subschemas`` plus what local ``$ref``s point at outside of it (OpenAPI-style
-    ``#/components/...``), each schema object once."""
+    ``#/components/...``), each schema object once. ``root``: the document ``schema`` (at
+    ``path``) is part of, which ``$ref``s resolve against (``schema`` itself by default)."""
+    root = schema if root is None else root
     seen: set[int] = set()
-    pending = [("#", schema)]
+    pending = [(path, schema)]
     while pending:
         start, node = pending.pop()
         for path, sub in iter_subschemas(node, start):
@@ -150,7 +169,7 @@ def reachable_subschemas(schema: Any) -> Iterator[tuple[str, dict]]:
             yield path, sub
             ref = sub.get("$ref")
             if isinstance(ref, str):
-                target = resolve_pointer(schema, ref)
+                target = resolve_pointer(root, ref)
                 if isinstance(target, dict) and id(target) not in seen:
                     pending.append((ref, target))
 

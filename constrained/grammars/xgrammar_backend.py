@@ -5,10 +5,12 @@ only the keywords of ``RULES`` (its allow-list, with the combination rules of
 ``allow_list``); anything else is refused with the keyword and its JSON pointer before it
 compiles. Beyond the shared rules: it checks the formats in ``RULES.formats`` only (its
 date / date-time accept 2020-02-30 and 2020-04-31, its hostname labels over 63 characters,
-its ipv6 "::ffff:192.168.0.01"); its ``\\s`` is ASCII white space only (ECMA-262 adds U+00A0,
-U+3000...); it reads an untyped schema with ``properties`` as an object and one with
-``items`` as an array; it checks ``multipleOf`` of integers only, and ``patternProperties``
-only as the sole way to add keys. It is the backend with a per-separator whitespace cap.
+its ipv6 "::ffff:192.168.0.01"); its ``\\s`` is ASCII white space only (ECMA-262 adds
+U+00A0, U+3000...); an optional group starting with a repetition matches without the rest
+of the group (``^(?:a*c)?d$`` takes ``ad``), so such a pattern is refused; it reads an
+untyped schema with ``properties`` as an object and one with ``items`` as an array; it
+checks ``multipleOf`` of integers only, and ``patternProperties`` only as the sole way to
+add keys. It is the backend with a per-separator whitespace cap.
 Its compiles are the slow ones (tens of ms, seconds for large schemas); the stored form is
 xgrammar's own ``serialize_json`` (xgrammar checks the tokenizer it is loaded with). Only
 compiles of ``STORE_AFTER_S`` or more are stored: for those a load takes about 5% of the
@@ -53,6 +55,7 @@ RULES = AllowList(
     pattern_escapes="sS",
     schema_additional_properties=True,
     infers_container_type=True,
+    skips_optional_group_rest=True,
 )
 
 
