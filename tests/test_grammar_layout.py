@@ -84,6 +84,21 @@ def test_untyped_properties_are_an_object_to_xgrammar_only():
     assert get_backend("llguidance").refusal({"not": {}}) is None  # refuses by itself
 
 
+def test_xgrammar_strings_of_limited_length_hold_no_raw_control_character(tiny_model_dir):
+    """xgrammar 0.2.8 lets a raw tab into a string with minLength / maxLength (invalid JSON);
+    our xgrammar grammars do not (such strings take no escapes at all there: stricter)."""
+    from constrained.grammars import compile_now, load_vocab
+
+    vocab = load_vocab(tiny_model_dir, 151_936)
+    tokenizer = vocab.hf_tokenizer
+    for schema in ({"type": "string", "maxLength": 8}, {"type": "string", "minLength": 1}):
+        spec = GrammarSpec("json_schema", json.dumps(schema), "xgrammar")
+        matcher = compile_now(spec, vocab).matcher()
+        assert matcher.try_consume(tokenizer.encode('"a\tb"')) < len(tokenizer.encode('"a\tb"'))
+        matcher = compile_now(spec, vocab).matcher()
+        assert matcher.consume(tokenizer.encode('"a b"')) and matcher.accepts_end()
+
+
 def test_llguidance_refusal_names_its_keyword():
     error = GrammarError("llguidance", 'Unimplemented keys: ["not"]')
     assert get_backend("llguidance").refused_keyword(error) == "not"

@@ -14,7 +14,7 @@ import json
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import BACKENDS, get_backend
-from constrained.grammars.schema_rewrite import rewrite_schema_text
+from constrained.grammars.schema_rewrite import first_enforced
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
 
@@ -29,27 +29,21 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
         GrammarError: the backend refuses the constraint, or it does not compile; the
             reason given is the one for the schema as written.
     """
-    try:
+    if spec.kind != "json_schema":
         return _compile_as_written(name, spec, vocab)
-    except GrammarError as refused:
-        rewritten = spec.source if spec.kind != "json_schema" else rewrite_schema_text(spec.source)
-        if rewritten == spec.source:
-            raise
-        try:
-            return _compile_as_written(name, dataclasses.replace(spec, source=rewritten), vocab)
-        except GrammarError:
-            raise refused from None
+    return first_enforced(
+        spec.source,
+        lambda source: _compile_as_written(name, dataclasses.replace(spec, source=source), vocab),
+    )
 
 
 def _compile_as_written(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     backend = get_backend(name)
+    if spec.kind not in backend.kinds:
+        kinds = " and ".join(sorted(backend.kinds))
+        raise GrammarError(name, f"compiles {kinds}, not {spec.kind}")
     if spec.kind == "json_schema":
-        found = backend.refusal(json.loads(spec.source))
-        if found:
-            keyword, path = found
-            raise GrammarError(
-                name, f"does not enforce keyword '{keyword}' (at {path})", keyword=keyword
-            )
+        backend.refuse_unenforced(json.loads(spec.source))
     return backend.compile(spec, vocab)
 
 
@@ -61,12 +55,15 @@ def compile_auto(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     """
     errors: list[GrammarError] = []
     for backend in BACKENDS:
+        if spec.kind not in backend.kinds:
+            continue
         try:
             return compile_with(backend.name, spec, vocab)
         except GrammarError as exc:
             errors.append(exc)
     reasons = "; ".join(str(e) for e in errors)
-    keyword = BACKENDS[0].refused_keyword(errors[0]) if spec.kind == "json_schema" else None
+    first = errors[0]
+    keyword = BACKENDS[0].refused_keyword(first) if spec.kind == "json_schema" else first.keyword
     if keyword is not None:
         raise GrammarError(
             "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword

@@ -67,6 +67,7 @@ class Backend:
             raises on bytes it cannot read (the store then compiles).
         store_after_s: store a compiled grammar only when its compile took at least this
             long; below it, compiling again is cheaper than ``dump`` plus ``load``.
+        kinds: the ``GrammarSpec.kind`` values it compiles (``auto`` skips it for others).
     """
 
     name: str
@@ -77,3 +78,15 @@ class Backend:
     refusal: Callable[[Any], tuple[str, str] | None] = refuses_nothing
     refused_keyword: Callable[[GrammarError], str | None] = keyword_attribute
     store_after_s: float = 0.0
+    kinds: frozenset[str] = frozenset({"json_schema", "regex", "grammar"})
+
+    def refuse_unenforced(self, schema: Any, where: str = "") -> None:
+        """Raise ``GrammarError`` naming the first keyword of ``schema`` (parsed) this backend
+        would not enforce, if any; ``where``: the schema's place in a larger constraint."""
+        from constrained.grammars.errors import GrammarError
+
+        found = self.refusal(schema)
+        if found:
+            keyword, path = found
+            message = f"does not enforce keyword '{keyword}' (at {where}{path})"
+            raise GrammarError(self.name, message, keyword=keyword)

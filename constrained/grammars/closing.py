@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from constrained.grammars.matcher import words_for
+from constrained.grammars.qwen_xml import PARAMETER_CLOSE
 
 if TYPE_CHECKING:
     from constrained.grammars.matcher import Matcher
@@ -106,6 +107,7 @@ def find_witness(
     limit = min(limit, MAX_WITNESS_TOKENS)
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
     quote = int(orders[0].argmin())  # '"', the closer ranked first
+    closers = closing_sequences(vocab)
     used = np.zeros(vocab.width, dtype=np.int32)
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
@@ -125,6 +127,12 @@ def find_witness(
             allowed = allowed_ids(scratch[0], vocab.width)
             # Most of the vocabulary allowed: inside a string, where the content order works.
             in_string = np.count_nonzero(allowed) > vocab.width // 4
+            if in_string and len(path) + 1 < limit:  # raw text (Qwen's XML): close it now
+                closer = next((c for c in closers if completes_prefix(matcher, c)), None)
+                if closer is not None and len(path) + len(closer) <= limit:
+                    matcher.try_consume(closer)
+                    path.extend(closer)
+                    continue
             ranks = orders[int(in_string)]
             cost = np.where(allowed, ranks + used, _NEVER)
             token = _closing_next(matcher, cost, quote) if in_string else None
@@ -140,6 +148,24 @@ def find_witness(
         return path
     finally:
         matcher.rollback(len(path))
+
+
+def closing_sequences(vocab: Vocab) -> list[list[int]]:
+    """Token ids of the texts that close raw text: a Qwen XML parameter's value
+    (``qwen_xml.PARAMETER_CLOSE``). A JSON string's ``"`` is ranked first already."""
+
+    def build() -> list[list[int]]:
+        encode = vocab.hf_tokenizer.encode
+        return [list(encode(text, add_special_tokens=False)) for text in (PARAMETER_CLOSE,)]
+
+    return vocab._once("closing_sequences", build)
+
+
+def completes_prefix(matcher: Matcher, tokens: Sequence[int]) -> bool:
+    """Whether every one of ``tokens`` is allowed in turn (matcher unchanged)."""
+    accepted = matcher.try_consume(tokens)
+    matcher.rollback(accepted)
+    return accepted == len(tokens)
 
 
 def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:

@@ -52,7 +52,7 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     Raises:
         GrammarError: the constraint is invalid, or no backend enforces all of it.
     """
-    if spec.close_objects:
+    if spec.close_objects and spec.kind == "json_schema":  # a structural tag's: inside
         try:
             spec = dataclasses.replace(spec, source=close_objects(spec.source))
         except ValueError as exc:

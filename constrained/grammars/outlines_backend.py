@@ -105,8 +105,6 @@ class OutlinesGrammar:
         if spec is None:  # loaded from the store
             self.vocab, self.index = vocab, index
             return
-        if spec.kind == "grammar":
-            raise GrammarError(NAME, "outlines-core supports json_schema and regex, not grammar")
         regex = schema_regex(spec) if spec.kind == "json_schema" else spec.source
         self.vocab = vocab
         try:
@@ -194,4 +192,5 @@ BACKEND = Backend(
     dump=_dump,
     load=_load,
     refusal=RULES.refusal,
+    kinds=frozenset({"json_schema", "regex"}),
 )

@@ -41,11 +41,12 @@ import decimal
 import functools
 import json
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from jsonschema import validators
 
+from constrained.grammars.errors import GrammarError
 from constrained.grammars.schema_negation import (
     KINDS,
     all_of,
@@ -73,6 +74,7 @@ from constrained.grammars.schema_walk import (
     resolve_pointer,
 )
 
+T = TypeVar("T")
 MAX_ONE_OF_BRANCHES = 8  # oneOf by negation costs n² negations
 MAX_FINITE_VALUES = 1000  # values of an enum judged one by one
 
@@ -84,6 +86,22 @@ def rewrite_schema_text(text: str) -> str:
     schema = json.loads(text)
     rewritten = rewrite_schema(schema)
     return text if rewritten == schema else json.dumps(rewritten, ensure_ascii=False)
+
+
+def first_enforced(text: str, attempt: Callable[[str], T]) -> T:
+    """``attempt(text)``; when it raises ``GrammarError`` (a backend refuses the schema as
+    written), ``attempt`` of the rewritten schema once. Its refusal names the keyword as
+    written, so when the rewritten schema fails too, the first error is raised."""
+    try:
+        return attempt(text)
+    except GrammarError as refused:
+        rewritten = rewrite_schema_text(text)
+        if rewritten == text:
+            raise
+        try:
+            return attempt(rewritten)
+        except GrammarError:
+            raise refused from None
 
 
 def rewrite_schema(schema: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-GrammarKind = Literal["json_schema", "regex", "grammar"]
+GrammarKind = Literal["json_schema", "regex", "grammar", "structural_tag"]
 Whitespace = Literal["compact", "flexible"]
 
 DEFAULT_MAX_WHITESPACE = 2  # characters after each ',' / ':' in flexible JSON
@@ -15,9 +15,10 @@ DEFAULT_MAX_WHITESPACE = 2  # characters after each ',' / ':' in flexible JSON
 class GrammarSpec:
     """A constraint: its kind, its source text, the backend asked for and JSON whitespace.
 
-    ``source`` is the JSON-schema text, the regex, or the grammar (GBNF ``root ::= ...``, or
-    Lark for llguidance). ``backend`` is ``auto`` or a backend's name
-    (``registry.BACKEND_NAMES``). ``whitespace`` applies to JSON schemas only: ``compact``
+    ``source`` is the JSON-schema text, the regex, the grammar (GBNF ``root ::= ...``, or
+    Lark for llguidance), or the structural tag (``structural_tag.py``: xgrammar's JSON).
+    ``backend`` is ``auto`` or a backend's name (``registry.BACKEND_NAMES``).
+    ``whitespace`` applies to JSON (schemas, and a structural tag's): ``compact``
     allows no whitespace between tokens; ``flexible`` allows up to ``max_whitespace`` spaces,
     newlines or tabs after each ``,`` and ``:``, so output can never run away with whitespace.
     ``close_objects`` adds ``"additionalProperties": false`` to object schemas that say

@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,8 +130,9 @@ class Vocab:
 
         return self._once("llguidance", build)
 
-    def xgrammar(self) -> Any:
-        """``xgrammar.TokenizerInfo`` from raw bytes, special tokens blanked.
+    def xgrammar(self, written: frozenset[int] = frozenset()) -> Any:
+        """``xgrammar.TokenizerInfo`` from raw bytes, special tokens blanked but ``written``
+        (special tokens a structural tag spells in its delimiters, as their text).
 
         Built RAW rather than from the HF tokenizer: xgrammar's HF path lets Qwen's special
         tokens appear inside JSON strings.
@@ -139,14 +141,27 @@ class Vocab:
         def build() -> Any:
             import xgrammar
 
+            pieces = list(self.token_bytes())
+            for token_id in written:
+                pieces[token_id] = self.hf_tokenizer.convert_ids_to_tokens(token_id).encode()
             return xgrammar.TokenizerInfo(
-                self.token_bytes(),
+                pieces,
                 xgrammar.VocabType.RAW,
                 vocab_size=self.width,
                 stop_token_ids=[self.eos_token_id],
             )
 
-        return self._once("xgrammar", build)
+        return self._once("xgrammar" + "".join(f",{i}" for i in sorted(written)), build)
+
+    def specials_in(self, texts: Iterable[str]) -> frozenset[int]:
+        """The special tokens (never end-of-sequence) whose text occurs in one of ``texts``."""
+        tok = self.hf_tokenizer
+        return frozenset(
+            token_id
+            for token_id, added in tok.added_tokens_decoder.items()
+            if added.special and token_id != self.eos_token_id and token_id < self.width
+            and any(added.content in text for text in texts)
+        )  # fmt: skip
 
     def outlines(self) -> Any:
         """``outlines_core.Vocabulary`` built by hand (its ``from_pretrained`` needs the hub)."""

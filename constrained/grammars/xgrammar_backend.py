@@ -10,7 +10,12 @@ U+00A0, U+3000...); an optional group starting with a repetition matches without
 of the group (``^(?:a*c)?d$`` takes ``ad``), so such a pattern is refused; it reads an
 untyped schema with ``properties`` as an object and one with ``items`` as an array; it
 checks ``multipleOf`` of integers only, and ``patternProperties`` only as the sole way to
-add keys. It is the backend with a per-separator whitespace cap.
+add keys. It is the backend with a per-separator whitespace cap, and the one that compiles
+structural tags (``structural_tag.py``): each schema inside is held to the same rules,
+rewritten where that makes it enforceable, closed when asked; JSON content is compact as
+xgrammar's own compact JSON grammar (its structural tags take any whitespace in JSON), else
+capped per gap (XML-style parameters: at least one character, xgrammar's least); special
+tokens whose text a tag writes in its delimiters may be written as themselves.
 Its compiles are the slow ones (tens of ms, seconds for large schemas); the stored form is
 xgrammar's own ``serialize_json`` (xgrammar checks the tokenizer it is loaded with). Only
 compiles of ``STORE_AFTER_S`` or more are stored: for those a load takes about 5% of the
@@ -20,6 +25,7 @@ take 1.5 s to write, so a quick compile is cheaper to repeat in the engine.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +34,10 @@ from constrained.grammars.allow_list import AllowList
 from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
+from constrained.grammars.qwen_xml import xml_parameters
+from constrained.grammars.schema_input import close_objects
+from constrained.grammars.schema_rewrite import first_enforced
+from constrained.grammars.structural_tag import literals, map_schemas
 
 if TYPE_CHECKING:
     import torch
@@ -62,27 +72,37 @@ RULES = AllowList(
 class XGrammarGrammar:
     backend = NAME
 
-    def __init__(self, spec: GrammarSpec | None, vocab: Vocab, compiled: Any = None) -> None:
+    def __init__(
+        self,
+        spec: GrammarSpec | None,
+        vocab: Vocab,
+        compiled: Any = None,
+        written: frozenset[int] = frozenset(),
+    ) -> None:
         import xgrammar
 
         self.vocab = vocab
+        self.written = written  # special tokens its tokenizer info writes as text
         if spec is None:  # loaded from the store
             self.compiled = compiled
             return
         compiler = xgrammar.GrammarCompiler(vocab.xgrammar(), max_threads=1, cache_enabled=False)
         try:
             if spec.kind == "json_schema":
-                if spec.whitespace == "compact":
-                    kwargs = {"any_whitespace": False, "separators": (",", ":")}
-                else:
-                    kwargs = {"any_whitespace": True, "max_whitespace_cnt": spec.max_whitespace}
-                self.compiled = compiler.compile_json_schema(
-                    spec.source, strict_mode=spec.close_objects, **kwargs
+                grammar = json_grammar(spec.source, spec, strict_mode=spec.close_objects)
+                self.compiled = compiler.compile_grammar(grammar)
+            elif spec.kind == "structural_tag":
+                source, self.written = structural_tag_source(spec, vocab)
+                compiler = xgrammar.GrammarCompiler(
+                    vocab.xgrammar(self.written), max_threads=1, cache_enabled=False
                 )
+                self.compiled = compiler.compile_structural_tag(source)
             elif spec.kind == "regex":
                 self.compiled = compiler.compile_regex(spec.source)
             else:
                 self.compiled = compiler.compile_grammar(spec.source)
+        except GrammarError:
+            raise
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError with the reason
             raise GrammarError(NAME, _clean(str(exc))) from None
 
@@ -95,6 +115,7 @@ class XGrammarMatcher:
         import xgrammar
 
         self.eos = grammar.vocab.eos_token_id
+        self.encode = grammar.vocab.hf_tokenizer.encode
         self.inner = xgrammar.GrammarMatcher(grammar.compiled)  # rollback is unlimited
         self.error: str | None = None
 
@@ -131,12 +152,122 @@ class XGrammarMatcher:
     def accepts_end(self) -> bool:
         return self.error is None and self.inner.is_completed()
 
+    def forced(self) -> list[int]:
+        """The tokens of the text the grammar forces next (xgrammar's jump-forward string,
+        as the tokenizer writes it: the caller keeps the prefix the matcher accepts)."""
+        if self.error is not None or self.inner.is_terminated():
+            return []
+        text = self.inner.find_jump_forward_string()
+        return list(self.encode(text, add_special_tokens=False)) if text else []
+
+
+def enforced_schema(schema: Any, where: str = "") -> str:
+    """``schema`` as JSON text xgrammar enforces: as written, or rewritten exactly
+    (``schema_rewrite``).
+
+    Raises:
+        GrammarError: naming the keyword (as written) xgrammar would not enforce.
+    """
+
+    def enforced(text: str) -> str:
+        BACKEND.refuse_unenforced(json.loads(text), where)
+        return text
+
+    return first_enforced(json.dumps(schema, ensure_ascii=False), enforced)
+
+
+JSON_PART = {"type": "json_schema", "style": "json"}  # one JSON value, as the spec writes it
+# How a structural tag's schema parts may be written: JSON, and Qwen3.5's XML parameters
+# (``qwen_xml.py``: exactly as vLLM's parser reads them back). xgrammar's other XML styles
+# (minimax, glm, deepseek ...) are refused: nothing here checks that their parsers read back
+# what the grammar allowed.
+WRITTEN_STYLES = frozenset({"json", "qwen_xml"})
+
+
+def style_of(part: dict[str, Any]) -> str:
+    """The style a schema part of a structural tag is written in."""
+    return "qwen_xml" if part["type"] == "qwen_xml_parameter" else part.get("style", "json")
+
+
+def check_tool_parameters(schema: Any, style: str) -> None:
+    """Refuse a tool's parameters schema this backend would not enforce in ``style``.
+
+    Raises:
+        GrammarError: naming the keyword, or the style.
+    """
+    if style not in WRITTEN_STYLES:
+        raise GrammarError(NAME, f"tool calls in the {style!r} style are not enforced here")
+    if style == "qwen_xml":
+        xml_parameters(
+            schema, "", lambda sub, at: {**JSON_PART, "json_schema": enforced_schema(sub, at)}
+        )
+    else:
+        enforced_schema(schema)
+
+
+def structural_tag_source(spec: GrammarSpec, vocab: Vocab) -> tuple[str, frozenset[int]]:
+    """The structural tag xgrammar compiles for ``spec``, and the special tokens its
+    delimiters spell (written as their text); every schema inside is checked against
+    ``RULES`` (as written, else rewritten), closed if asked, and written as ``json_grammar``
+    with the spec's whitespace (or as Qwen's XML parameters, ``qwen_xml``).
+
+    Raises:
+        GrammarError: naming a keyword a schema uses that xgrammar would not enforce.
+    """
+
+    def part(schema: Any, where: str, node: dict[str, Any]) -> dict[str, Any]:
+        style = style_of(node)
+        if style not in WRITTEN_STYLES:
+            raise GrammarError(NAME, f"the {style!r} style (at {where}) is not enforced here")
+        if style == "qwen_xml":
+            return xml_parameters(schema, where, lambda sub, at: part(sub, at, JSON_PART))
+        text = enforced_schema(schema, f"{where} ")
+        if spec.close_objects and isinstance(schema, dict):
+            try:
+                text = close_objects(text)
+            except ValueError as exc:
+                raise GrammarError(NAME, f"{where}: {exc}", keyword="allOf") from None
+        if node.get("any_order") or node.get("excludes"):
+            raise GrammarError(NAME, f"a JSON part with any_order or excludes (at {where})")
+        return {"type": "grammar", "grammar": json_grammar(text, spec)}
+
+    prepared = map_schemas(json.loads(spec.source), part)
+    return json.dumps(prepared, ensure_ascii=False), vocab.specials_in(literals(prepared))
+
+
+# xgrammar 0.2.8 writes a string with minLength / maxLength as this class repeated: it lets a
+# raw tab or other control character through, which JSON forbids inside a string.
+_LENGTH_CHARACTERS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
+
+def json_grammar(text: str, spec: GrammarSpec, strict_mode: bool = False) -> str:
+    """xgrammar's grammar (EBNF) of JSON valid against the schema ``text``, with the spec's
+    whitespace: compact, or at most ``max_whitespace`` characters a gap; its strings of
+    limited length never hold a raw control character."""
+    import xgrammar
+
+    if spec.whitespace == "compact" or spec.max_whitespace == 0:
+        kwargs: dict[str, Any] = {"any_whitespace": False, "separators": (",", ":")}
+    else:
+        kwargs = {"any_whitespace": True, "max_whitespace_cnt": spec.max_whitespace}
+    grammar = xgrammar.Grammar.from_json_schema(text, strict_mode=strict_mode, **kwargs)
+    return str(grammar).replace(_LENGTH_CHARACTERS, _JSON_CHARACTERS)
+
+
+def _dump(grammar: XGrammarGrammar) -> bytes:
+    """A line naming the special tokens written as text, then xgrammar's own JSON."""
+    header = json.dumps(sorted(grammar.written))
+    return (header + "\n" + grammar.compiled.serialize_json()).encode()
+
 
 def _load(payload: bytes, vocab: Vocab) -> XGrammarGrammar:
     import xgrammar
 
-    compiled = xgrammar.CompiledGrammar.deserialize_json(payload.decode(), vocab.xgrammar())
-    return XGrammarGrammar(None, vocab, compiled)
+    header, _, body = payload.decode().partition("\n")
+    written = frozenset(json.loads(header))
+    compiled = xgrammar.CompiledGrammar.deserialize_json(body, vocab.xgrammar(written))
+    return XGrammarGrammar(None, vocab, compiled, written)
 
 
 def _clean(message: str) -> str:
@@ -149,8 +280,9 @@ BACKEND = Backend(
     NAME,
     XGrammarGrammar,
     version=library_version("xgrammar"),
-    dump=lambda grammar: grammar.compiled.serialize_json().encode(),
+    dump=_dump,
     load=_load,
     refusal=RULES.refusal,
     store_after_s=STORE_AFTER_S,
+    kinds=frozenset({"json_schema", "regex", "grammar", "structural_tag"}),
 )

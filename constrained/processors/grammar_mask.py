@@ -1,4 +1,5 @@
-"""``json_schema`` / ``regex`` / ``grammar``: mask every token the constraint does not allow.
+"""``json_schema`` / ``regex`` / ``grammar`` / ``choice`` / ``json_object`` /
+``structural_tag``: mask every token the constraint does not allow.
 
 Each constrained request gets a matcher (``constrained.grammars``) that follows its output
 and writes its row of an int32 bitmask (``mask_fill``); the mask is applied to the logits
@@ -26,6 +27,7 @@ from constrained.processors.mask_fill import MaskWriter, RowState, V1MaskFill, V
 from constrained.processors.reasoning_gate import ReasoningGate
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
+from constrained.reasoning_parser import thinking_ends
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -48,7 +50,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
     OPTIONS = frozenset(
         {"json_schema", "regex", "grammar", "grammar_backend", "whitespace", "max_whitespace",
          "disable_additional_properties", "close_at_max_tokens", "choice", "json_object",
-         "reasoning_end", "max_reasoning_tokens"}
+         "structural_tag", "reasoning_end", "max_reasoning_tokens"}
     )  # fmt: skip
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -62,6 +64,12 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         fill = self.layout.pick(V1MaskFill, V2MaskFill)
         self.fill = fill(self.writer, self.slots, self.layout)
         self.shelf = PlanShelf()  # budget plans, kept across preemption
+        # While a request thinks: end-of-sequence (the answer must come) and the tokens the
+        # engine's reasoning parser reads as an implicit end (reasoning_parser.py).
+        implicit = thinking_ends(vllm_config, self.vocab.hf_tokenizer).implicit_ids
+        self.thinking_bans = torch.tensor(
+            sorted({self.vocab.eos_token_id, *implicit}), device=self.layout.device
+        )
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -103,5 +111,5 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             apply_token_bitmask(logits, self.writer.on_device(rows.count), masked)
         if self.writer.thinking:  # free while thinking, but the answer must come
             index = torch.tensor(self.writer.thinking, device=logits.device)
-            logits[index, self.vocab.eos_token_id] = float("-inf")
+            logits[index[:, None], self.thinking_bans] = float("-inf")
         return logits

@@ -1,0 +1,315 @@
+"""``structural_tag``: free text, then tags whose JSON is held to our schema rules.
+
+Without the engine: the two spellings vLLM accepts, the refusals (malformed tags, token-level
+parts, schemas inside that xgrammar would not enforce, named by keyword and place), compact
+whitespace inside, the special tokens a tag's delimiters spell, and vLLM's own tool-call
+tags (``get_model_structural_tag``, hermes and Qwen3.5's XML) walked token by token: every
+text they accept parses back, with vLLM's own tool parser, into arguments that validate.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from constrained.grammars import GrammarError, GrammarSpec, compile_now, load_vocab
+from constrained.grammars.structural_tag import literals, parse_structural_tag
+from constrained.options import OptionError, Options
+
+WIDTH = 151_936
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city"],
+    "additionalProperties": False,
+}  # fmt: skip
+LEGACY = {
+    "type": "structural_tag",
+    "triggers": ["<tool_call>"],
+    "structures": [
+        {"begin": '<tool_call>{"name": "get_weather", "arguments": ', "schema": WEATHER,
+         "end": "}</tool_call>"},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_model_dir):
+    return load_vocab(tiny_model_dir, WIDTH)
+
+
+def compiled(vocab, tag, **spec):
+    return compile_now(GrammarSpec("structural_tag", Options(structural_tag=tag).structural_tag,
+                                   **spec), vocab)  # fmt: skip
+
+
+def accepts(grammar, vocab, text: str) -> bool:
+    matcher = grammar.matcher()
+    return matcher.consume(vocab.hf_tokenizer.encode(text)) and matcher.accepts_end()
+
+
+def test_both_spellings_parse_to_xgrammar_format():
+    legacy = parse_structural_tag(json.dumps(LEGACY))
+    assert legacy["format"]["type"] == "triggered_tags"
+    assert legacy["format"]["tags"][0]["content"]["json_schema"] == WEATHER
+    same = parse_structural_tag(legacy)  # already xgrammar's format: unchanged
+    assert same == legacy
+    assert literals(legacy) >= {"<tool_call>", "}</tool_call>"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{", "not valid JSON"),
+        ({"type": "regex"}, '"type": "structural_tag"'),
+        ({"type": "structural_tag"}, "needs"),
+        ({**LEGACY, "triggers": []}, "at least one trigger"),
+        ({**LEGACY, "triggers": ["<call>"]}, "no trigger starts"),
+        ({**LEGACY, "extra": 1}, "unknown key"),
+        ({"type": "structural_tag", "format": {"type": "tag", "begin": "a", "end": "b",
+                                               "content": {"type": "nope"}}}, "malformed"),
+        ({"type": "structural_tag", "format": {"type": "token", "token": 5}}, "token-level"),
+        ({"type": "structural_tag", "format": {"type": "json_schema",
+                                               "json_schema": {"type": 5}}}, "not a valid"),
+    ],
+)  # fmt: skip
+def test_malformed_tags_are_refused_naming_the_field(value, message):
+    with pytest.raises(OptionError) as error:
+        Options.from_extra_args({"structural_tag": value})
+    assert error.value.field == "structural_tag"
+    assert message in str(error.value)
+
+
+def test_backends_other_than_xgrammar_are_refused_by_name():
+    with pytest.raises(OptionError) as error:
+        Options.from_extra_args({"structural_tag": LEGACY, "grammar_backend": "llguidance"})
+    assert error.value.field == "grammar_backend" and "structural_tag" in str(error.value)
+    assert Options.from_extra_args({"structural_tag": LEGACY, "whitespace": "flexible"})
+
+
+def test_free_text_then_a_compact_tag(vocab):
+    grammar = compiled(vocab, LEGACY)
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city":"Paris","days":3}}</tool_call>'
+    assert accepts(grammar, vocab, "I will look it up. " + call)
+    assert accepts(grammar, vocab, "No tool needed.")  # free text may end
+    assert not accepts(grammar, vocab, call.replace('"days":3', '"days":9'))  # maximum
+    assert not accepts(grammar, vocab, call.replace('{"city":"Paris"', '{"city": "Paris"'))
+    assert not accepts(grammar, vocab, call.replace('"days":3', '"hours":3'))  # closed object
+    flexible = compiled(vocab, LEGACY, whitespace="flexible", max_whitespace=2)
+    assert accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city": "Paris"'))
+    assert not accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city":   "Paris"'))
+
+
+def test_special_tokens_spelled_by_delimiters_are_written_as_themselves(vocab):
+    grammar = compiled(vocab, LEGACY)
+    tokenizer = vocab.hf_tokenizer
+    tool_call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    assert grammar.written == {tool_call, tokenizer.convert_tokens_to_ids("</tool_call>")}
+    ids = tokenizer.encode('<tool_call>{"name": "get_weather", "arguments": ')
+    assert ids[0] == tool_call  # the special token itself triggers the tag
+    matcher = grammar.matcher()
+    assert matcher.consume(ids)
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert matcher.try_consume([im_start]) == 0  # other special tokens stay masked
+    assert matcher.try_consume(tokenizer.encode('{"city":"<|im_start|>"')) < len(
+        tokenizer.encode('{"city":"<|im_start|>"')
+    )
+
+
+def test_schema_keywords_xgrammar_would_ignore_are_refused_or_rewritten(vocab):
+    tags = {"type": "array", "uniqueItems": True}
+    unique = {**WEATHER, "properties": {**WEATHER["properties"], "tags": tags}}
+    tag = {**LEGACY, "structures": [{**LEGACY["structures"][0], "schema": unique}]}
+    with pytest.raises(GrammarError) as error:
+        compiled(vocab, tag)
+    assert error.value.keyword == "uniqueItems"
+    assert "/format/tags/0/content/json_schema" in str(error.value)
+    # ``not`` of a type: rewritten exactly into keywords xgrammar enforces
+    negated = {"type": "object", "properties": {"v": {"not": {"type": "string"}}},
+               "required": ["v"], "additionalProperties": False}  # fmt: skip
+    tag = {**LEGACY, "structures": [{**LEGACY["structures"][0], "schema": negated}]}
+    grammar = compiled(vocab, tag)
+    begin = '<tool_call>{"name": "get_weather", "arguments": '
+    assert accepts(grammar, vocab, begin + '{"v":1}}</tool_call>')
+    assert not accepts(grammar, vocab, begin + '{"v":"x"}}</tool_call>')
+
+
+def vllm_tag(parser_model: str, tool_choice: str, schema: dict) -> str:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    tag = get_model_structural_tag(
+        parser_model, [ChatCompletionToolsParam.model_validate(tool)], tool_choice, False,
+        strict_level=ToolStrictLevel.PARAMETER,
+    )  # fmt: skip
+    return json.dumps(tag.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("parser_model", "call"),
+    [
+        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo","days":2}}'
+                   "\n</tool_call>"),
+        ("qwen_3_5", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>"
+                     "\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+    ],
+)  # fmt: skip
+def test_vllm_tool_call_tags_parse_back_valid(vocab, parser_model, call):
+    """vLLM's own tags for its tool parsers compile here; what they accept, the matching
+    vLLM tool parser reads back into arguments valid against the tool's parameters."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    required = compiled(vocab, vllm_tag(parser_model, "required", WEATHER))
+    assert accepts(required, vocab, call)
+    assert not accepts(required, vocab, "Let me think.")  # a call is required
+    assert not accepts(required, vocab, call.replace("Oslo", "O" * 25))  # maxLength
+    auto = compiled(vocab, vllm_tag(parser_model, "auto", WEATHER))
+    assert accepts(auto, vocab, "Checking. " + call) and accepts(auto, vocab, "Plain answer.")
+
+    parser_name = "hermes" if parser_model == "hermes" else "qwen3_coder"
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    request = ChatCompletionRequest(model="m", messages=[], tools=[tool], tool_choice="required")
+    parser = ToolParserManager.get_tool_parser(parser_name)(vocab.hf_tokenizer, request.tools)
+    extracted = parser.extract_tool_calls(call, request)
+    assert extracted.tools_called and len(extracted.tool_calls) == 1
+    arguments = json.loads(extracted.tool_calls[0].function.arguments)
+    jsonschema.validate(arguments, WEATHER)
+    assert arguments == {"city": "Oslo", "days": 2}
+
+
+def test_qwen_xml_raw_text_never_reads_as_a_delimiter():
+    """The raw-text grammar of XML parameters against the parser's own delimiters: a text is
+    allowed exactly when nothing in it matches ``<\\s*(/\\s*)?parameter`` or ``</function>``
+    (what vLLM's qwen3 parser would read as the end of the value or of the call)."""
+    import random
+
+    import regex
+    import xgrammar
+
+    from constrained.grammars.qwen_xml import _TEXT_GRAMMAR
+
+    pieces = [chr(c) for c in range(32, 127)] + ["\n", "\t", "\x0b", "\u3000", "\xa0"]
+    info = xgrammar.TokenizerInfo(pieces, xgrammar.VocabType.RAW, stop_token_ids=[0])
+    grammar = xgrammar.GrammarCompiler(info).compile_grammar(_TEXT_GRAMMAR)
+    delimiter = regex.compile(r"<\s*(/\s*)?parameter|</function>")
+    alphabet = [*"</parametfuncion>= x", "\n", "\u3000", "\xa0"]
+    tails = ["<parameter", "</parameter>", "</function>", "< / parameter >", "<p>", "</f",
+             "<  parameter=", "</ function>", "<\u3000parameter"]  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        if rng.random() < 0.4:
+            text += rng.choice(tails) + "".join(rng.choice(alphabet) for _ in range(3))
+        allowed = xgrammar.GrammarMatcher(grammar).accept_string(text)
+        assert allowed == (delimiter.search(text) is None), repr(text)
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}},
+          "$defs": {"X": {"type": "integer"}}}, "$ref"),
+        ({"type": "object", "properties": {"x": {"type": ["string", "integer"]}}}, "type"),
+        ({"type": "object",
+          "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}, "type"),
+        ({"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}, "pattern"),
+        ({"type": "object", "properties": {"x": {}}}, "type"),  # a number would read as text
+        ({"type": "object", "properties": {"x": {"type": "integer"}}, "minProperties": 1},
+         "minProperties"),
+        ({"type": "object", "properties": {}, "required": ["y"]}, "required"),
+    ],
+)  # fmt: skip
+def test_qwen_xml_refuses_what_the_parser_would_read_differently(vocab, schema, keyword):
+    with pytest.raises(GrammarError) as error:
+        compiled(vocab, vllm_tag("qwen_3_5", "required", schema))
+    assert error.value.keyword == keyword, str(error.value)
+
+
+def test_qwen_xml_values_are_exactly_what_the_parser_reads(vocab):
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "enum": ["Oslo", "Paris"]},
+            "note": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]},
+            "days": {"type": "integer", "minimum": 1},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "free": {"type": "string"},
+        },
+        "required": ["city"],
+    }
+    grammar = compiled(vocab, vllm_tag("qwen_3_5", "required", schema))
+    call = "<tool_call>\n<function=get_weather>\n{}\n</function>\n</tool_call>"
+
+    def param(name: str, value: str) -> str:
+        return f"<parameter={name}>\n{value}\n</parameter>"
+
+    ok = [param("city", "Oslo"), param("note", "abc"), param("days", "3"),
+          param("tags", '["a","b"]'), param("free", "a <p>b</p> </div>")]  # fmt: skip
+    assert accepts(grammar, vocab, call.format("\n".join(ok)))
+    assert accepts(grammar, vocab, call.format(param("city", "Paris")))  # optional left out
+    for bad in (
+        param("city", " Oslo"),  # whitespace the parser would keep
+        param("city", "Oslo") + "\n" + param("note", "abcdef"),  # maxLength
+        param("city", "Oslo") + "\n" + param("note", "a<b"),  # no "<" under a length
+        param("city", "Oslo") + "\n" + param("free", "x </parameter> y"),
+        param("city", "Oslo") + "\n" + param("days", "0"),  # minimum
+        param("city", "Oslo") + "\n" + param("tags", '["a", "b"]'),  # compact JSON
+        param("note", "abc"),  # required city missing
+    ):
+        assert not accepts(grammar, vocab, call.format(bad)), bad
+
+
+@pytest.mark.parametrize("parser_model", ["hermes", "qwen_3_5"])
+def test_random_walks_through_tool_call_masks_parse_back_valid(vocab, parser_model):
+    """Outputs sampled at random from the masks alone (every step a uniformly drawn allowed
+    token, then a witness to finish) are read back by vLLM's own tool parser into arguments
+    that validate."""
+    import random
+
+    import torch
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    from constrained.grammars.closing import allowed_ids, find_witness
+    from constrained.grammars.matcher import words_for
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                       "units": {"type": "string", "enum": ["C", "F"]}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    grammar = compiled(vocab, vllm_tag(parser_model, "required", schema))
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    request = ChatCompletionRequest(model="m", messages=[], tools=[tool], tool_choice="required")
+    name = "hermes" if parser_model == "hermes" else "qwen3_coder"
+    parser = ToolParserManager.get_tool_parser(name)(vocab.hf_tokenizer, request.tools)
+    bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+    rng = random.Random(1)
+    for _ in range(12):
+        matcher, tokens = grammar.matcher(), []
+        while len(tokens) < 150:
+            matcher.fill(bitmask, 0)
+            allowed = allowed_ids(bitmask[0], vocab.width).nonzero()[0].tolist()
+            ending = vocab.eos_token_id in allowed
+            if ending and (rng.random() < 0.5 or len(allowed) == 1):
+                break
+            token = rng.choice([t for t in allowed if t != vocab.eos_token_id])
+            assert matcher.consume([token])
+            tokens.append(token)
+        finish = find_witness(matcher, vocab, 256)
+        assert finish is not None and matcher.consume(finish) and matcher.accepts_end()
+        tokens += finish
+        text = vocab.hf_tokenizer.decode(tokens, skip_special_tokens=False)
+        calls = parser.extract_tool_calls(text, request).tool_calls
+        assert calls, text
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), schema)
