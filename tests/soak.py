@@ -118,7 +118,14 @@ class Server:
             self.proc.wait()
 
 
-def start_server(model: str, workdir: pathlib.Path, kv_blocks: int, max_num_seqs: int) -> Server:
+def start_server(
+    model: str,
+    workdir: pathlib.Path,
+    kv_blocks: int,
+    max_num_seqs: int,
+    extra_args: tuple[str, ...] = (),
+    max_model_len: int = 512,
+) -> Server:
     port = free_port()
     stats_path = workdir / "engine_stats.json"
     log_path = workdir / "server.log"
@@ -133,8 +140,8 @@ def start_server(model: str, workdir: pathlib.Path, kv_blocks: int, max_num_seqs
         sys.executable, "-m", "constrained", "serve", "--model", model,
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
         "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm",
-        "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
-        "--num-gpu-blocks-override", str(kv_blocks), "--seed", "0",
+        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+        "--num-gpu-blocks-override", str(kv_blocks), "--seed", "0", *extra_args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -22,7 +22,16 @@ from constrained.grammars.closing import allowed_ids, completes, find_witness, k
 from constrained.grammars.matcher import words_for
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from tests.simulate import Request, V1Batch
-from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
+from tests.test_grammar_bookkeeping import (
+    CAPACITY,
+    TOOL_CALL,
+    WIDTH,
+    Reference,
+    config,
+    sample,
+    spec_for,
+    vocab,
+)
 
 __all__ = ["config", "vocab"]  # module fixtures shared with the bookkeeping test
 
@@ -51,12 +60,12 @@ CASES = [
     ({"regex": "[a-z]+@[a-z]+\\.(com|org)"}, "llguidance"),
     ({"regex": "(ab)*c[0-9]{3}"}, "xgrammar"),
     ({"grammar": 'root ::= "[" ("a" | "bb") ("," ("a" | "bb"))* "]"'}, "llguidance"),
+    ({"structural_tag": TOOL_CALL}, "xgrammar"),
 ]  # fmt: skip
 
 
 def spec_of(extra: dict, backend: str) -> GrammarSpec:
-    kind = next(k for k in ("regex", "grammar", "json_schema") if k in extra)
-    return GrammarSpec(kind, extra[kind], backend)
+    return spec_for({**extra, "grammar_backend": backend})
 
 
 def mask_of(matcher) -> torch.Tensor:

@@ -12,13 +12,24 @@ import pytest
 import torch
 from vllm import SamplingParams
 
+from constrained.admission import spec_of
 from constrained.grammars import GrammarSpec, compile_now, load_vocab
 from constrained.grammars.matcher import words_for
+from constrained.options import Options
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from tests.simulate import Request, V1Batch
 
 WIDTH = 151_936
 CAPACITY = 12
+# One call, as a forced tool call is: <tool_call> (a special token), JSON, </tool_call>.
+TOOL_CALL = json.dumps({"type": "structural_tag", "format": {
+    "type": "tags_with_separator", "separator": "", "at_least_one": True,
+    "stop_after_first": True, "tags": [{
+        "type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
+        "content": {"type": "json_schema", "json_schema": {
+            "type": "object", "properties": {"n": {"enum": [1, 22]}}, "required": ["n"],
+            "additionalProperties": False}},
+    }]}})  # fmt: skip
 CONSTRAINTS = [
     {"regex": "[0-9]{2,5}"},
     {"regex": "(yes|no)!"},
@@ -28,6 +39,7 @@ CONSTRAINTS = [
     {"json_schema": json.dumps({"type": "array", "items": {"type": "boolean"}, "maxItems": 2}),
      "grammar_backend": "outlines"},
     {"regex": "[a-c]{1,3}", "grammar_backend": "xgrammar"},
+    {"structural_tag": TOOL_CALL},
 ]  # fmt: skip
 
 
@@ -47,6 +59,15 @@ def config(tiny_model_dir):
     )
 
 
+def spec_for(extra: dict) -> GrammarSpec:
+    """The spec a request's constraint compiles as (admission's own ``spec_of``)."""
+    return spec_of(Options.from_extra_args(extra))
+
+
+def kind_of(extra: dict) -> str:
+    return next(k for k in ("regex", "grammar", "json_schema", "structural_tag") if k in extra)
+
+
 class Reference:
     """A fresh matcher per check: the allowed set after ``tokens``, from first principles."""
 
@@ -55,8 +76,7 @@ class Reference:
         self.compiled: dict = {}
 
     def allowed(self, extra: dict, tokens: list[int]) -> torch.Tensor:
-        kind = next(k for k in ("regex", "grammar", "json_schema") if k in extra)
-        spec = GrammarSpec(kind, extra[kind], extra.get("grammar_backend", "auto"))
+        spec = spec_for(extra)
         if spec not in self.compiled:
             self.compiled[spec] = compile_now(spec, self.vocab)
         matcher = self.compiled[spec].matcher()

@@ -75,3 +75,42 @@ def test_served_thinking_then_json(server):
         assert chunks[-1].choices[0].finish_reason == "stop"
         _, answer = think_then_answer("".join(c.choices[0].text for c in chunks))
         jsonschema.validate(answer, PERSON)
+
+
+def test_offline_qwen36_reasoning_parser_gates_every_constraint():
+    """Offline on the tiny qwen3.6 model with ``reasoning_parser="qwen3"`` (a subprocess):
+    no ``reasoning_end`` given, yet each constrained request thinks until ``</think>`` (one
+    special token here), then answers valid; with thinking disabled by the chat template it
+    answers from the first token; a tool call given as a ``structural_tag`` validates."""
+    import subprocess
+    import sys
+
+    from constrained.tiny_model import build_tiny_model
+    from tests.test_grammar_bookkeeping import TOOL_CALL
+
+    model = str(build_tiny_model("qwen3.6"))
+    args = [sys.executable, "-m", "tests.reasoning_offline_run", model, json.dumps(PERSON),
+            TOOL_CALL]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    results = json.loads(line.removeprefix("RESULT "))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    end, eos = (
+        tokenizer.convert_tokens_to_ids("</think>"),
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    for name, ids in results.items():
+        assert ids[-1] in (eos, tokenizer.eos_token_id), (name, ids[-5:])
+        thinking = name != "no_thinking"
+        assert (end in ids) == thinking, name
+        answer = tokenizer.decode(ids[ids.index(end) + 1 : -1] if thinking else ids[:-1],
+                                  skip_special_tokens=False)  # fmt: skip
+        if name == "tool_call":
+            body = answer.strip().removeprefix("<tool_call>").removesuffix("</tool_call>")
+            assert json.loads(body)["n"] in (1, 22), answer
+        else:
+            jsonschema.validate(json.loads(answer.strip()), PERSON)
+    assert results["budget"].index(end) <= 6 < results["thinking"].index(end)

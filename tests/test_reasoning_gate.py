@@ -142,3 +142,56 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
         forced_rows,
         closed_prompts,
     )
+
+
+def test_reasoning_parser_gives_the_default_marker_and_bans_its_implicit_ends():
+    """With vLLM's qwen3 reasoning parser (Qwen3.6's vocabulary: ``</think>`` and
+    ``<tool_call>`` single tokens), a constrained request without ``reasoning_end`` gets
+    ``</think>`` at admission; while it thinks, ``<tool_call>`` (the parser's implicit end)
+    is banned with end-of-sequence; after ``</think>`` the grammar applies."""
+    from types import SimpleNamespace
+
+    from constrained.admission import prepare_request
+    from constrained.grammars import load_vocab
+    from constrained.reasoning_parser import thinking_ends
+    from constrained.tiny_model import build_tiny_model
+
+    model = str(build_tiny_model("qwen3.6"))
+    width = 248_320
+    vocab36 = load_vocab(model, width)
+    tokenizer = vocab36.hf_tokenizer
+    think_end, tool_call = (tokenizer.convert_tokens_to_ids(t) for t in ("</think>", "<tool_call>"))
+    parser = SimpleNamespace(reasoning_parser="qwen3", enable_in_reasoning=False)
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=4),
+        model_config=SimpleNamespace(get_vocab_size=lambda: width, tokenizer=model, model=model),
+        speculative_config=None,
+        structured_outputs_config=parser,
+    )
+    assert thinking_ends(config, tokenizer).implicit_ids == {tool_call}
+    constrained = SamplingParams(max_tokens=10_000, extra_args={"json_schema": SCHEMA})
+    plain = SamplingParams(max_tokens=10_000, extra_args={"min_p": 0.1})
+    for params in (constrained, plain):
+        prepare_request(params, config, tokenizer)
+    assert constrained.extra_args["reasoning_end"] == "</think>"
+    assert "reasoning_end" not in plain.extra_args  # not constrained: nothing to gate
+    enabled = SimpleNamespace(**{**vars(config), "structured_outputs_config": SimpleNamespace(
+        reasoning_parser="qwen3", enable_in_reasoning=True)})  # fmt: skip
+    assert thinking_ends(enabled, tokenizer).marker is None  # constrained from the start
+
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
+    prompt, output = tokenizer.encode("<|im_start|>assistant\n<think>\n"), []
+    joined = [(0, constrained, prompt, output)]
+    proc.update_state(BatchUpdate(1, removed=[], added=joined, moved=[]))
+    for token in (tokenizer.encode("hmm", add_special_tokens=False)[0], think_end):
+        out = proc.apply(torch.zeros(1, width))
+        banned = (out[0] == float("-inf")).nonzero().flatten().tolist()
+        assert banned == sorted({vocab36.eos_token_id, tool_call}), banned
+        output.append(token)
+        proc.update_state(None)
+    out = proc.apply(torch.zeros(1, width))
+    assert int((out[0] > float("-inf")).sum()) < 1000  # the JSON grammar now
+    allowed = (out[0] > float("-inf")).nonzero().flatten().tolist()
+    assert tokenizer.decode(allowed[:1]).startswith("{"), [tokenizer.decode([t]) for t in allowed]

@@ -203,7 +203,8 @@ def test_grammar_masks() -> None:
     placeholder draft rows, chunked prefill, resumed and recycled slots, chunked calls and
     steps vLLM skips; plain rows are untouched."""
     counts = check_counts("grammar_masks")
-    assert set(counts["kinds"]) == {"grammar", "json_schema", "regex"}, counts["kinds"]
+    kinds = {"grammar", "json_schema", "regex", "structural_tag"}
+    assert set(counts["kinds"]) == kinds, counts["kinds"]
     assert counts["host_fetches"] >= 30, counts  # the fetch ran, once per constrained call
 
 

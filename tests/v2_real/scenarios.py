@@ -504,7 +504,7 @@ def penalty_placeholders() -> dict:
 def grammar_masks() -> dict:
     """Every constrained row's finite set equals a fresh reference matcher's after the
     request's output fed up to that row (committed, then drafts); plain rows untouched."""
-    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, Reference
+    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, Reference, kind_of
 
     from constrained.grammars import load_vocab
     from constrained.tiny_model import build_tiny_model
@@ -581,7 +581,7 @@ def grammar_masks() -> dict:
             admit_fresh(runner, req, rng)
             fresh.add(req.req_id)
             if extra:
-                kinds_seen.add(next(k for k in ("regex", "grammar", "json_schema") if k in extra))
+                kinds_seen.add(kind_of(extra))
         plans: dict[str, Plan] = {}
         for req in reqs:
             if plain_only and constraint_of(req):
@@ -654,7 +654,7 @@ def budget_closing() -> dict:
     its output complete; with drafts (accepted only where the processed row allows them),
     placeholders, preemption (resumed with the output so far) and chunked calls."""
     from tests.test_budget_closing import CASES
-    from tests.test_grammar_bookkeeping import WIDTH, Reference
+    from tests.test_grammar_bookkeeping import WIDTH, Reference, spec_for
 
     from constrained.grammars import GrammarSpec, compile_now, load_vocab
     from constrained.grammars.closing import completes, find_witness
@@ -677,8 +677,7 @@ def budget_closing() -> dict:
     eos = vocab.eos_token_id
 
     def spec(extra: dict) -> GrammarSpec:
-        kind = next(k for k in ("regex", "grammar", "json_schema") if k in extra)
-        return GrammarSpec(kind, extra[kind], extra["grammar_backend"])
+        return spec_for(extra)
 
     cases = [{**extra, "grammar_backend": backend} for extra, backend in CASES]
     needs = [len(find_witness(compile_now(spec(c), vocab).matcher(), vocab, 200)) for c in cases]

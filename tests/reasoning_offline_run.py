@@ -1,0 +1,40 @@
+"""Offline, on the tiny ``qwen3.6`` model with vLLM's ``qwen3`` reasoning parser
+(``LLM(reasoning_parser="qwen3")``): constrained chat requests that give no
+``reasoning_end`` (the parser's ``</think>`` is the default), with thinking on and off, and a
+tool call as a ``structural_tag``. Prints each output's token ids and the marker's id.
+
+A subprocess of ``test_reasoning_engine.py``: this engine never shares a process with the
+session's, runs while that one is idle, and exits before the test returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+
+    import constrained
+    from constrained.demo import engine_kwargs
+
+    model, schema, tag = sys.argv[1], sys.argv[2], sys.argv[3]
+    llm = LLM(model=model, logits_processors=constrained.LOGITS_PROCESSORS,
+              reasoning_parser="qwen3", **engine_kwargs())  # fmt: skip
+    messages = [{"role": "user", "content": "A person, as JSON"}]
+    results = {}
+    for name, extra, thinking in (
+        ("thinking", {"json_schema": schema}, True),
+        ("budget", {"json_schema": schema, "max_reasoning_tokens": 6}, True),
+        ("no_thinking", {"json_schema": schema}, False),
+        ("tool_call", {"structural_tag": tag}, True),
+    ):
+        params = SamplingParams(temperature=1.0, seed=3, max_tokens=200, extra_args=extra)
+        out = llm.chat(messages, params, use_tqdm=False,
+                       chat_template_kwargs={"enable_thinking": thinking})[0]  # fmt: skip
+        results[name] = list(out.outputs[0].token_ids)
+    print("RESULT " + json.dumps(results))
