@@ -270,7 +270,7 @@ def prepare_request(params: Any, vllm_config: Any, tokenizer: Any = None) -> Non
     from constrained.reasoning_parser import thinking_ends, with_default_reasoning_end
 
     if settings().route_structured_outputs:
-        take_over(params)
+        take_over(params, settings().tool_call_parser)
     marker = thinking_ends(vllm_config, tokenizer).marker
     added = with_default_reasoning_end(getattr(params, "extra_args", None), marker)
     if added is not None:

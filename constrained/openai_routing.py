@@ -51,7 +51,8 @@ STRUCTURED_OUTPUTS_FIELDS = {
     "structural_tag": "structural_tag",
 }
 # Fields that say "no change" at their default value (vLLM sends them with every request).
-_NEUTRAL = {"disable_fallback": False, "disable_any_whitespace": False}
+_NEUTRAL = {"disable_fallback": False, "disable_any_whitespace": False,
+            "disable_additional_properties": False}  # fmt: skip
 
 
 def _from_response_format(value: Any) -> dict[str, Any] | None:
@@ -137,9 +138,10 @@ def calls_tools(body: dict[str, Any]) -> bool:
     return bool(body.get("tools")) and body.get("tool_choice", "auto") != "none"
 
 
-def take_over(params: Any) -> None:
+def take_over(params: Any, tool_parser: str | None = None) -> None:
     """Move vLLM's structured outputs of one request (``params``: its ``SamplingParams``)
-    into our options, in place: for tools, vLLM's tool parser put a structural tag there.
+    into our options, in place: for tools, vLLM's tool parser (``tool_parser``, the server's
+    ``--tool-call-parser``) put a structural tag there.
 
     Raises:
         OptionError: the request also gives one of our constraints (naming it).
@@ -151,7 +153,7 @@ def take_over(params: Any) -> None:
     moved = _from_structured_outputs({k: v for k, v in fields.items() if not k.startswith("_")})
     if not moved:
         return  # a field we do not take: vLLM's own structured outputs serve it
-    if not written_here(moved.get("structural_tag")):
+    if not written_here(moved.get("structural_tag"), tool_parser):
         return  # a tool-call style we do not write exactly: vLLM's own enforces it
     extra = dict(params.extra_args or {})
     twice = [k for k in GRAMMAR_FIELDS if k in extra]
@@ -164,10 +166,30 @@ def take_over(params: Any) -> None:
     params.structured_outputs = None
 
 
-def written_here(structural_tag: str | None) -> bool:
-    """Every schema part of the tag is in a style we write exactly (``WRITTEN_STYLES``)."""
+def exact_styles(tool_parser: str | None) -> frozenset[str]:
+    """The argument styles whose calls the server's tool parser reads back exactly as we
+    write them: JSON (every JSON-style parser reads it with a JSON parser), and Qwen3.5's
+    XML for vLLM's Qwen3 parser (``qwen3_coder`` / ``qwen3_xml``), whose reading
+    ``grammars/qwen_xml.py`` follows. Other parsers of XML-style calls (MiMo keeps values
+    verbatim, ...) read them otherwise: their calls stay with vLLM's own structured outputs."""
+    if not tool_parser:
+        return frozenset({"json"})
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.tool_parsers.qwen3_engine_tool_parser import Qwen3EngineToolParser
+
+    try:
+        parser = ToolParserManager.get_tool_parser(tool_parser)
+    except Exception:  # a plugin's parser: only JSON is sure
+        return frozenset({"json"})
+    qwen3 = parser is Qwen3EngineToolParser
+    return frozenset({"json", "qwen_xml"}) if qwen3 else frozenset({"json"})
+
+
+def written_here(structural_tag: str | None, tool_parser: str | None = None) -> bool:
+    """Every schema part of the tag is in a style the tool parser reads back as we write it
+    (``exact_styles``)."""
     from constrained.grammars.structural_tag import SCHEMA_FORMATS, parts
-    from constrained.grammars.xgrammar_backend import WRITTEN_STYLES, style_of
+    from constrained.grammars.xgrammar_backend import style_of
 
     if structural_tag is None:
         return True
@@ -175,11 +197,25 @@ def written_here(structural_tag: str | None) -> bool:
         found = json.loads(structural_tag)["format"]
     except (ValueError, KeyError, TypeError):
         return True  # not xgrammar's format: admission refuses it, naming the field
+    exact = exact_styles(tool_parser)
     return all(
-        style_of(part) in WRITTEN_STYLES
-        for _, part in parts(found)
-        if part["type"] in SCHEMA_FORMATS
+        style_of(part) in exact for _, part in parts(found) if part["type"] in SCHEMA_FORMATS
     )
+
+
+def tool_parser_styles(tool_parser: str | None) -> frozenset[str] | None:
+    """How the calls of vLLM's tool parser called ``tool_parser`` write arguments; ``None``
+    when there is none or it builds no structural tag (vLLM then constrains required and
+    named calls with a JSON schema, which we take over as ``json_schema``)."""
+    if not tool_parser:
+        return None
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        model = ToolParserManager.get_tool_parser(tool_parser).structural_tag_model
+    except Exception:  # a plugin parser we cannot look up: admission still checks
+        return None
+    return tool_call_styles(model) if model else None
 
 
 @functools.cache
@@ -203,21 +239,22 @@ def tool_call_styles(structural_tag_model: str) -> frozenset[str]:
 
 
 def check_tools(
-    body: dict[str, Any], strict_level: str = "parameter", styles: frozenset[str] | None = None
+    body: dict[str, Any], strict_level: str = "parameter", tool_parser: str | None = None
 ) -> None:
     """Refuse, naming ``tools``, a tool whose parameters use a JSON-schema keyword the
-    structural tag's backend would not enforce (or not exactly rewrite) in the server's tool
-    call ``styles`` (``tool_call_styles``; ``None``: no tool parser, nothing to check).
-    ``strict_level``: the server's ``--tool-strict-level``; below ``parameter`` only
-    ``strict`` tools count.
+    structural tag's backend would not enforce (or not exactly rewrite) in the call style of
+    the server's ``tool_parser`` (``None``: none, nothing to check; a style we leave to
+    vLLM: nothing to check). ``strict_level``: the server's ``--tool-strict-level``; below
+    ``parameter`` only ``strict`` tools count.
 
     Raises:
         OptionError: naming ``tools``, the tool and the keyword.
     """
     from constrained.grammars.errors import GrammarError
-    from constrained.grammars.xgrammar_backend import WRITTEN_STYLES, check_tool_parameters
+    from constrained.grammars.xgrammar_backend import check_tool_parameters
 
-    if not styles or not styles <= WRITTEN_STYLES:
+    styles = tool_parser_styles(tool_parser)
+    if not styles or not styles <= exact_styles(tool_parser):
         return  # no tool parser (vLLM answers), or vLLM's own structured outputs enforce it
     if not calls_tools(body) or not isinstance(body.get("tools"), list):
         return

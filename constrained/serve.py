@@ -33,6 +33,8 @@ STREAM_CHECK = "constrained.stream_checks.check_xargs_off_the_loop"
 NO_ROUTING = "--no-constrained-routing"  # ours: CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=0
 ROUTE_ENV = "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS"
 STRICT_LEVEL = "--tool-strict-level"
+TOOL_PARSER = "--tool-call-parser"
+TOOL_PARSER_ENV = "CONSTRAINED_TOOL_CALL_PARSER"
 
 
 def server_argv(args: list[str]) -> list[str]:
@@ -58,23 +60,34 @@ def server_argv(args: list[str]) -> list[str]:
     return [*rest, *middleware, FLAG, *procs]
 
 
-def routed_argv(args: list[str]) -> tuple[list[str], bool]:
-    """``args`` without our routing flag, with the tool strictness routing implies; and
-    whether routing is on."""
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag V`` or ``--flag=V``), if any."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def routed_argv(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``args`` without our routing flag, with the tool strictness routing implies, and the
+    environment our processes read it from."""
     if NO_ROUTING in args:
-        return [a for a in args if a != NO_ROUTING], False
-    given = any(a == STRICT_LEVEL or a.startswith(STRICT_LEVEL + "=") for a in args)
-    parses_tools = any(a == "--tool-call-parser" or a.startswith("--tool-call-parser=")
-                       for a in args)  # fmt: skip
-    if parses_tools and not given:
-        args = [*args, STRICT_LEVEL, "parameter"]
-    return args, True
+        return [a for a in args if a != NO_ROUTING], {ROUTE_ENV: "0"}
+    env = {ROUTE_ENV: "1"}
+    parser = flag_value(args, TOOL_PARSER)
+    if parser:
+        env[TOOL_PARSER_ENV] = parser
+        if flag_value(args, STRICT_LEVEL) is None:
+            args = [*args, STRICT_LEVEL, "parameter"]
+    return args, env
 
 
 def main(args: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args, routing = routed_argv(args)
-    os.environ[ROUTE_ENV] = "1" if routing else "0"
+    args, env = routed_argv(args)
+    os.environ.update(env)
     argv = [sys.executable, "-m", SERVER_MODULE, *server_argv(args)]
     sys.stdout.flush()
     os.execv(sys.executable, argv)

@@ -20,6 +20,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars shared (``off``) |
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
+| ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Settings:
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
     route_structured_outputs: bool = False
+    # The server's vLLM tool parser: which call styles it reads back as we write them.
+    tool_call_parser: str | None = None
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -80,6 +83,7 @@ def _from_environment() -> Settings:
         route_structured_outputs=_switch(
             "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", defaults.route_structured_outputs
         ),
+        tool_call_parser=os.environ.get("CONSTRAINED_TOOL_CALL_PARSER") or None,
     )
 
 

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from constrained.admission import check_xargs, loaded_tokenizer
-from constrained.openai_routing import check_tools, route, tool_call_styles
+from constrained.openai_routing import check_tools, route
 from constrained.options import OptionError
 from constrained.settings import settings
 
@@ -49,20 +49,6 @@ def tool_strict_level(state: Any) -> str:
     """The server's ``--tool-strict-level`` (``auto``, ``function`` or ``parameter``)."""
     level = getattr(getattr(state, "args", None), "tool_strict_level", None) or "auto"
     return str(getattr(level, "name", level)).lower()
-
-
-def tool_styles(state: Any) -> frozenset[str] | None:
-    """How the server's tool parser writes arguments (``None``: no tool parser)."""
-    name = getattr(getattr(state, "args", None), "tool_call_parser", None)
-    if not name:
-        return None
-    from vllm.tool_parsers import ToolParserManager
-
-    try:
-        model = ToolParserManager.get_tool_parser(name).structural_tag_model
-    except Exception:  # a plugin parser we cannot look up: admission still checks
-        return None
-    return tool_call_styles(model) if model else None
 
 
 def request_budget(data: dict[str, Any]) -> SimpleNamespace | None:
@@ -97,7 +83,8 @@ async def check_xargs_off_the_loop(request: Request, call_next: Any) -> Response
         if isinstance(data, dict) and settings().route_structured_outputs:
             try:
                 state = request.app.state
-                check_tools(data, tool_strict_level(state), tool_styles(state))
+                parser = getattr(getattr(state, "args", None), "tool_call_parser", None)
+                check_tools(data, tool_strict_level(state), parser)
                 routed = route(data)
             except OptionError as exc:
                 return _bad_request(str(exc))

@@ -43,6 +43,11 @@ class Bad:
     builtin: dict[str, Any] = field(default_factory=dict)
 
 
+UNIQUE = {"type": "array", "uniqueItems": True}
+STRUCTURE = {"begin": "<a>", "end": "</a>", "schema": UNIQUE}
+UNIQUE_TAG = json.dumps({"type": "structural_tag", "triggers": ["<a>"], "structures": [STRUCTURE]})
+CONST_TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}'
+
 CORPUS: list[Bad] = [
     # unknown option names
     Bad("unknown-name", {"min_pp": 0.1}, "min_pp"),
@@ -70,6 +75,20 @@ CORPUS: list[Bad] = [
     Bad("choice-whitespace", {"choice": ["a"], "whitespace": "flexible"}, "whitespace"),
     Bad("json-object-string", {"json_object": "yes"}, "json_object"),
     Bad("json-object-and-regex", {"regex": "a", "json_object": True}, "json_object"),
+    # structural tags (tool calls)
+    Bad("structural-tag-not-json", {"structural_tag": "{"}, "structural_tag"),
+    Bad("structural-tag-not-a-tag", {"structural_tag": '{"type": "regex"}'}, "structural_tag"),
+    Bad(
+        "structural-tag-token-part",
+        {"structural_tag": '{"type": "structural_tag", "format": {"type": "token", "token": 5}}'},
+        "structural_tag",
+    ),
+    Bad("structural-tag-refused-keyword", {"structural_tag": UNIQUE_TAG}, "structural_tag"),
+    Bad(
+        "structural-tag-llguidance",
+        {"structural_tag": CONST_TAG, "grammar_backend": "llguidance"},
+        "grammar_backend",
+    ),
     # thinking first
     Bad("reasoning-end-empty", {"json_schema": "{}", "reasoning_end": " "}, "reasoning_end"),
     Bad("reasoning-end-alone", {"reasoning_end": "</think>"}, "reasoning_end"),

@@ -65,6 +65,50 @@ def test_malformed_or_conflicting_requests_name_the_field(body, field):
     assert error.value.field == field
 
 
+def test_launcher_turns_routing_on_with_strict_tools():
+    from constrained.serve import routed_argv
+
+    args, env = routed_argv(["--model", "m", "--tool-call-parser", "qwen3_coder"])
+    assert args[-2:] == ["--tool-strict-level", "parameter"]
+    assert env == {"CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS": "1",
+                   "CONSTRAINED_TOOL_CALL_PARSER": "qwen3_coder"}  # fmt: skip
+    given = ["--tool-call-parser=hermes", "--tool-strict-level", "auto"]
+    assert routed_argv(given)[0] == given  # the user's level is kept
+    assert routed_argv(["--model", "m"]) == (["--model", "m"], {
+        "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS": "1"})  # fmt: skip
+    assert routed_argv(["--no-constrained-routing", "--tool-call-parser", "hermes"]) == (
+        ["--tool-call-parser", "hermes"],
+        {"CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS": "0"},
+    )
+
+
+def test_take_over_moves_vllm_tool_tags_we_write_exactly():
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from constrained.openai_routing import exact_styles, take_over
+    from tests.test_structural_tag import WEATHER, vllm_tag
+
+    assert exact_styles("qwen3_coder") == exact_styles("qwen3_xml") == {"json", "qwen_xml"}
+    assert exact_styles("mimo") == exact_styles("hermes") == exact_styles(None) == {"json"}
+    for model, parser, taken in [("hermes", "hermes", True), ("qwen_3_5", "qwen3_coder", True),
+                                 ("qwen_3_5", "mimo", False)]:  # fmt: skip
+        tag = vllm_tag(model, "required", WEATHER)
+        params = SamplingParams(
+            structured_outputs=StructuredOutputsParams(structural_tag=tag),
+            extra_args={"min_p": 0.1},
+        )
+        take_over(params, parser)
+        assert (params.structured_outputs is None) == taken, (model, parser)
+        if taken:
+            assert params.extra_args == {"min_p": 0.1, "structural_tag": tag}
+    both = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA),
+                          extra_args={"regex": "a"})  # fmt: skip
+    with pytest.raises(OptionError) as error:
+        take_over(both)
+    assert error.value.field == "regex"
+
+
 class Person(BaseModel):
     name: str = Field(max_length=12)
     age: int = Field(ge=0, le=130)

@@ -167,6 +167,12 @@ CASES = {
         "$ref": "#/$defs/e",
         "oneOf": [{"pattern": "^[0-9]"}, {"type": "string", "minLength": 2}],
     },
+    "propertyNames of a pattern": {"propertyNames": {"pattern": "^[ab]$"}},
+    "propertyNames of a length beside properties": {
+        "properties": {"a": {"type": "integer"}, "kind": {}}, "propertyNames": {"maxLength": 1},
+    },
+    "propertyNames false": {"propertyNames": False},
+    "propertyNames of an enum": {"propertyNames": {"enum": ["a", "kind", "r"]}},
     "format uri-reference": {"format": "uri-reference"},
     "format json-pointer": {"type": "string", "format": "json-pointer"},
     "unknown format": {"type": "string", "format": "color"},
@@ -311,8 +317,8 @@ def test_maskbench_schemas_accept_no_more_and_no_fewer():
 
 
 REWRITTEN_KEYWORDS = {
-    "draft2020-12": ["if-then-else", "dependentRequired", "dependentSchemas"],
-    "draft7": ["dependencies", "if-then-else"],
+    "draft2020-12": ["if-then-else", "dependentRequired", "dependentSchemas", "propertyNames"],
+    "draft7": ["dependencies", "if-then-else", "propertyNames"],
 }
 
 

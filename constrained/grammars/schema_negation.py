@@ -382,6 +382,11 @@ def strings_other_than(excluded: list[str]) -> str | None:
     return "^" + other_than(trie) + "$"
 
 
+def literal(text: str) -> str:
+    """``text`` as an ECMA-262 pattern matching it literally."""
+    return "".join(_literal_char(ch) for ch in text)
+
+
 def _literal_char(ch: str) -> str:
     return "\\" + ch if ch in r"\^$.|?*+()[]{}" else _escaped_control(ch)
 

@@ -56,6 +56,7 @@ from constrained.grammars.schema_negation import (
     conjuncts,
     kinds_of,
     lacks,
+    literal,
     negate,
     type_of,
     values_of,
@@ -150,6 +151,7 @@ class _Rewriter:
             (("dependentSchemas",), self._dependencies),
             (("not",), self._not),
             (("oneOf",), self._one_of),
+            (("propertyNames",), self._property_names),
         ):
             if keywords[0] in schema and not any(self._pointed_into(path, k) for k in keywords):
                 done = rule(schema, keywords[0], path)
@@ -255,6 +257,35 @@ class _Rewriter:
             return None
         del schema["not"]
         return [negated]
+
+    def _property_names(self, schema: dict, keyword: str, _: str) -> list[Any] | None:
+        """``propertyNames: P`` where P is one regex over keys (a ``pattern``, string
+        ``const`` / ``enum``, lengths; ``false``: no key): every key matches it, so the keys
+        not listed match ``patternProperties: {R: additional}`` and nothing else is allowed;
+        a listed key P refuses becomes ``false``. Only where no ``patternProperties`` is
+        there and ``additionalProperties`` applies to unlisted keys alone (absent, ``true``,
+        or no ``properties``), each listed key judged exactly; ``None`` otherwise."""
+        names = schema[keyword]
+        if names is False:
+            del schema[keyword]
+            return [{"maxProperties": 0}]  # no key at all (objects only)
+        regex = _key_regex(names)
+        properties = schema.get("properties", {})
+        additional = schema.get("additionalProperties", True)
+        if regex is None or "patternProperties" in schema or not isinstance(properties, dict):
+            return None
+        if properties and additional not in (True, {}):
+            return None  # additional would now also apply to listed keys matching it
+        pattern = names.get("pattern")
+        if pattern is not None and not _same_regex(pattern, list(properties)):
+            return None  # Python and ECMA-262 might judge a listed key differently
+        check = validators.Draft202012Validator(names)
+        del schema[keyword]
+        for name in [n for n in properties if not check.is_valid(n)]:
+            properties[name] = False
+        schema["patternProperties"] = {regex: additional}
+        schema["additionalProperties"] = False
+        return []
 
     def _one_of(self, schema: dict, _: str, path: str) -> list[Any] | None:
         branches = schema["oneOf"]
@@ -480,6 +511,30 @@ FORMAT_PATTERNS = {
     "json-pointer": f"^{_JSON_POINTER}$",  # RFC 6901
     "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})$",
 }
+
+
+def _key_regex(names: Any) -> str | None:
+    """One ECMA-262 pattern (searched, as ``pattern`` is) matching exactly the strings
+    ``names`` accepts, or ``None`` (two keywords at once, non-string kinds that matter...)."""
+    if not isinstance(names, dict):
+        return None
+    own = {k: v for k, v in names.items() if k not in ANNOTATIONS}
+    if own.get("type") in ("string", ["string"]):
+        del own["type"]  # keys are strings
+    if set(own) == {"pattern"} and isinstance(own["pattern"], str):
+        return own["pattern"]
+    values = values_of(own)
+    if values is not None and set(own) in ({"const"}, {"enum"}):
+        strings = [v for v in values if isinstance(v, str)]
+        if any(ord(ch) > 0xFFFF for text in strings for ch in text):
+            return None  # two UTF-16 units to ECMA-262
+        return "^(?:" + "|".join(literal(v) for v in strings) + ")$" if strings else "[^\\s\\S]"
+    if own and set(own) <= {"minLength", "maxLength"}:
+        low, high = own.get("minLength", 0), own.get("maxLength", "")
+        if not (is_int(low) and (high == "" or is_int(high))):
+            return None
+        return f"^[\\s\\S]{{{low},{high}}}$"
+    return None
 
 
 def _asserting_nothing(schema: dict) -> list[str]:
