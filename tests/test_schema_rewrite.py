@@ -169,7 +169,8 @@ CASES = {
     },
     "propertyNames of a pattern": {"propertyNames": {"pattern": "^[ab]$"}},
     "propertyNames of a length beside properties": {
-        "properties": {"a": {"type": "integer"}, "kind": {}}, "propertyNames": {"maxLength": 1},
+        "properties": {"a": {"type": "integer"}, "kind": {}},
+        "propertyNames": {"maxLength": 1},
     },
     "propertyNames false": {"propertyNames": False},
     "propertyNames of an enum": {"propertyNames": {"enum": ["a", "kind", "r"]}},
