@@ -9,13 +9,22 @@ requests with the same JSON schema, in three configurations, alternated over ``-
 - ``constrained``: the schema from the first token (the grammar's mask every step).
 
 Random logits; tokens sampled from the processed rows (the marker never comes: the thinking
-rows stay thinking). Timed: ``update_state`` + ``apply`` per step. Writes
-``reasoning_gate.json`` and ``reasoning_gate.png`` under ``--out``.
+rows stay thinking). Timed: ``update_state`` + ``apply`` per step.
+
+Then end to end (``--engine-rounds``, 0 to skip): the real engine (the tiny Qwen2 model, our
+processors registered, one ``LLM``), a batch of ``--batch`` prompts generating
+``--engine-tokens`` tokens each, ``thinking`` against ``plain`` (and ``constrained``, whose
+requests stop once their JSON closes), rounds alternated; output tokens per second of
+generation wall time. ``close_at_max_tokens`` off and no ``max_reasoning_tokens``, so every
+thinking row thinks for all its tokens.
+
+Writes ``reasoning_gate.json`` and ``reasoning_gate.png`` under ``--out``.
 
 Usage::
 
     python -m benchmarks.reasoning_gate                    # batch 32, 64 steps, 5 rounds
-    python -m benchmarks.reasoning_gate --batch 4 --steps 8 --rounds 1 --out /tmp/smoke
+    python -m benchmarks.reasoning_gate --batch 4 --steps 8 --rounds 1 --engine-rounds 1 \\
+        --engine-tokens 16 --out /tmp/smoke
 """
 
 from __future__ import annotations
@@ -82,17 +91,54 @@ def one_round(model_dir: str, width: int, config: str, batch: int, steps: int, s
     return 1000 * seconds / steps
 
 
+def engine_rounds(model_dir: str, batch: int, tokens: int, rounds: int) -> dict[str, list[float]]:
+    """Output tokens per second of ``LLM.generate`` per configuration and round."""
+    from vllm import LLM, SamplingParams
+
+    import constrained
+    from constrained.demo import engine_kwargs
+
+    llm = LLM(model=model_dir, logits_processors=constrained.LOGITS_PROCESSORS,
+              **{**engine_kwargs(), "max_num_seqs": batch})  # fmt: skip
+    prompts = [f"Question {i}: think, then answer in JSON." for i in range(batch)]
+    results: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    for r in range(rounds + 1):  # the first round warms up: not counted
+        for config in CONFIGS:
+            extra = extra_for(config)
+            if extra is not None:
+                extra["close_at_max_tokens"] = False
+            params = [
+                SamplingParams(temperature=1.0, seed=1000 * r + i, max_tokens=tokens,
+                               ignore_eos=config == "plain", extra_args=extra)
+                for i in range(batch)
+            ]  # fmt: skip
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            made = sum(len(o.outputs[0].token_ids) for o in outputs)
+            if r:
+                results[config].append(made / seconds)
+    llm.llm_engine.engine_core.shutdown()
+    return results
+
+
 def plot(record: dict, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    values = [record["ms_per_step"][c] for c in CONFIGS]
-    ax.bar(CONFIGS, values, color=["#2a9d8f", "#adb5bd", "#e76f51"])
-    ax.set_ylabel("ms per step (processor alone)")
-    ax.set_title(f"Grammar processor, batch {record['batch']}, V1")
+    engine = record.get("engine_tokens_per_s")
+    fig, axes = plt.subplots(1, 2 if engine else 1, figsize=(9 if engine else 5, 3.2))
+    axes = list(axes) if engine else [axes]
+    colors = ["#2a9d8f", "#adb5bd", "#e76f51"]
+    axes[0].bar(CONFIGS, [record["ms_per_step"][c] for c in CONFIGS], color=colors)
+    axes[0].set_ylabel("ms per step (processor alone)")
+    axes[0].set_title(f"Grammar processor, batch {record['batch']}, V1")
+    if engine:
+        axes[1].bar(CONFIGS, [engine[c] for c in CONFIGS], color=colors)
+        axes[1].set_ylabel("output tokens / s (engine)")
+        axes[1].set_title(f"End to end, batch {record['batch']}, CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -102,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engine-rounds", type=int, default=5)
+    parser.add_argument("--engine-tokens", type=int, default=128)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
     }
     print(json.dumps({"ms_per_step": medians}), flush=True)
+    if args.engine_rounds:
+        engine = engine_rounds(model_dir, args.batch, args.engine_tokens, args.engine_rounds)
+        record["engine_tokens"] = args.engine_tokens
+        record["engine_rounds"] = engine
+        record["engine_tokens_per_s"] = {c: statistics.median(v) for c, v in engine.items()}
+        print(json.dumps({"engine_tokens_per_s": record["engine_tokens_per_s"]}), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reasoning_gate.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -110,6 +110,37 @@ def show_json_answer(llm: Any, sampling_params: Any) -> None:
     thinking, _, answer = out.text.partition("</think>")
     print(f"   thinking: {thinking!r}")
     print(f"   answer ({out.finish_reason}): {Person.model_validate_json(answer)!r}")
+    show_tool_call(llm, sampling_params)
+
+
+class Weather(BaseModel):
+    """The demo tool's parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+    city: str = Field(max_length=16)
+    days: int = Field(ge=1, le=7)
+
+
+def show_tool_call(llm: Any, sampling_params: Any) -> None:
+    """A tool call, as vLLM's hermes parser reads them: a structural tag (on our launcher,
+    OpenAI ``tools`` become one: docs/reasoning.md)."""
+    begin = '<tool_call>\n{"name": "get_weather", "arguments": '
+    call = {
+        "type": "tag",
+        "begin": begin,
+        "end": "}\n</tool_call>",
+        "content": {"type": "json_schema", "json_schema": Weather.model_json_schema()},
+    }
+    tag = {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": [call],
+           "separator": "", "at_least_one": True, "stop_after_first": True}}  # fmt: skip
+    params = sampling_params(temperature=1.0, seed=0, max_tokens=80,
+                             extra_args=Options(structural_tag=tag).to_extra_args())  # fmt: skip
+    out = llm.generate(["Call the weather tool:"], params, use_tqdm=False)[0].outputs[0]
+    text = llm.get_tokenizer().decode(out.token_ids, skip_special_tokens=False)
+    arguments = text.removeprefix(begin).rsplit("}", 1)[0]
+    print("   a tool call (structural_tag, the format of vLLM's hermes tool parser):")
+    print(f"   {text!r}")
+    print(f"   arguments -> {Weather.model_validate_json(arguments)!r}")
 
 
 def show_refusal(llm: Any, sampling_params: Any) -> None:
