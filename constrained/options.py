@@ -131,7 +131,8 @@ class Options(BaseModel):
             dict, or offline a pydantic model class).
         regex: the output must match this regular expression in full.
         grammar: the output must match this grammar (GBNF ``root ::= ...``; Lark with
-            llguidance). At most one of ``json_schema``, ``regex`` and ``grammar``.
+            llguidance). At most one constraint per request: ``json_schema``, ``regex``,
+            ``grammar``, ``choice``, ``json_object`` or ``structural_tag``.
         choice: a list of distinct, non-empty strings: the output is exactly one of them
             (as vLLM's ``choice``).
         json_object: ``True``: the output is any JSON object (as OpenAI's
@@ -173,14 +174,16 @@ class Options(BaseModel):
             mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
             keys allowed).
         reasoning_end: with a constraint: the text that ends the model's thinking (e.g.
-            ``"</think>"``, matched as its tokens). Until the output contains it, decoding is
-            free (our other options still apply; end-of-sequence is not allowed, so the answer
-            always comes); from the token after it, the constraint applies. A prompt that
+            ``"</think>"``, matched as text over the output tokens' bytes). Until the output
+            contains it, decoding is free (our other options still apply; end-of-sequence,
+            the request's stop tokens and tokens that would carry text past the marker are
+            not allowed, so the answer always comes, all of it checked); from the token
+            after it, the constraint applies. A prompt that
             already ends with it (thinking disabled by the chat template) is constrained
             from the first token.
         max_reasoning_tokens: >= 0, needs ``reasoning_end``: after this many output tokens
             without the marker, the marker is forced, then the constraint applies.
-        close_at_max_tokens: with ``json_schema``, ``regex`` or ``grammar``. ``True``
+        close_at_max_tokens: with a constraint (any of the above). ``True``
             (default): the output finishes, complete and valid, within ``max_tokens``: near
             the budget only tokens that still leave a complete output in time are allowed,
             and a ``max_tokens`` too small for any complete output is refused.

@@ -39,8 +39,30 @@ def test_thinks_then_answers_valid_json(llm, think):
         jsonschema.validate(answer, PERSON)
         if think == 0:
             assert thinking == ""
+        elif think == 7:  # forced after 7 tokens: complete 3 tokens later at the latest
+            assert marker_end(llm, out.token_ids) < 7 + 3, out.token_ids
         elif think is None:  # forced by the budget (200 - 3 - (2 * 45 + 32) tokens in)
             assert len(thinking) > 0
+
+
+def marker_end(llm, token_ids) -> int:
+    """The index of the output token that completes the marker."""
+    decode = llm.get_tokenizer().decode
+    return next(i for i in range(len(token_ids)) if MARKER in decode(token_ids[: i + 1]))
+
+
+def test_stop_tokens_do_not_end_thinking(llm):
+    """A thinking request's own stop tokens (the generation config's ``<|im_end|>``, any
+    ``stop_token_ids``) are banned until the marker, as end-of-sequence is: made the model's
+    favourite, ``<|im_end|>`` still does not end it before its answer."""
+    im_end = llm.get_tokenizer().convert_tokens_to_ids("<|im_end|>")
+    extra = {"json_schema": PERSON, "reasoning_end": MARKER, "max_reasoning_tokens": 5}
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=120, stop_token_ids=[im_end],
+                            logit_bias={im_end: 100.0}, extra_args=extra)  # fmt: skip
+    out = llm.generate(["Think, then answer in JSON:"], params, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop", out.text
+    assert marker_end(llm, out.token_ids) < 5 + 3, out.token_ids
+    jsonschema.validate(think_then_answer(out.text)[1], PERSON)
 
 
 def test_prompt_that_closed_thinking_is_constrained_from_the_first_token(llm):

@@ -19,7 +19,7 @@ from vllm import SamplingParams
 
 from constrained.grammars import GrammarSpec, compile_now
 from constrained.grammars.closing import completes
-from constrained.grammars.marker import Marker, marker_for
+from constrained.grammars.marker import Marker, marker_for, text_pieces
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.reasoning_gate import ReasoningGate, prompt_closes_thinking
 from tests.simulate import Request, V1Batch
@@ -48,6 +48,13 @@ def test_gate_follows_and_forces_the_marker():
     free = ReasoningGate(TOY)
     assert free.feed([7] * 100) is None and free.forced_token() is None
     assert free.feed([2, 3, 5, 6]) == [6] and free.open  # ">\n\n" completes it too
+
+
+def test_tokens_completing_the_marker_with_more_text_are_banned_while_thinking():
+    assert TOY.spills[0] == () and TOY.spills[7] == (5,)  # ">\n\n" after "</think"
+    gate = ReasoningGate(TOY)
+    assert gate.feed([7, 2]) is None and gate.spills() == []
+    assert gate.feed([3]) is None and gate.spills() == [5]
 
 
 def test_prompt_that_closed_thinking():
@@ -83,8 +90,11 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
     assert len(marker) > 1  # the Qwen2 vocabulary spells it in pieces: partial matches count
     newline = vocab.hf_tokenizer.encode("\n\n", add_special_tokens=False)
     eos = vocab.eos_token_id
+    text, pieces = MARKER.encode(), text_pieces(vocab)
+    spilling = spilling_tokens(pieces)
     batch = V1Batch(CAPACITY, rng)
     next_id, finished, thinking_rows, forced_rows, closed_prompts = 0, 0, 0, 0, 0
+    spill_rows = stop_rows = 0
     for step in range(150):
         new = []
         for _ in range(rng.randint(0, 2)):
@@ -95,7 +105,10 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
             closed = rng.random() < 0.2  # the template already closed the thinking block
             prompt = [rng.randrange(1000) for _ in range(3)] + (list(marker) + newline) * closed
             budget = rng.choice([10_000, 60])  # never reached, or closing by max_tokens
-            params = SamplingParams(temperature=1.0, max_tokens=budget, extra_args=extra)
+            stop = [rng.randrange(1000)] if rng.random() < 0.3 else None  # also banned
+            params = SamplingParams(
+                temperature=1.0, max_tokens=budget, stop_token_ids=stop, extra_args=extra
+            )
             new.append(Request(next_id, params, prompt))
             next_id += 1
         proc.update_state(batch.step(new))
@@ -103,7 +116,12 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
             continue
         logits = torch.randn(len(batch.rows), WIDTH)
         # Make the marker likely sometimes, so that models end thinking on their own too.
-        logits[:, marker[0]] += 6.0 * (torch.rand(len(batch.rows)) < 0.3)
+        likely = 14.0 * (torch.rand(len(batch.rows), 1) < 0.4)
+        logits[:, list(marker)] += likely
+        for i, req in enumerate(batch.rows):  # and "think" after "</": the marker nearly done
+            if req.output[-1:] == [marker[0]] and rng.random() < 0.8:
+                logits[i, marker[1]] += 14.0
+        logits[:, spilling] += 3.0  # and tokens that would carry text past it
         out = proc.apply(logits.clone())
         for i, req in enumerate(batch.rows):
             extra = req.params.extra_args
@@ -117,11 +135,17 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
                     assert int(allowed.nonzero()[0]) in marker
                     forced_rows += 1
                 else:
-                    assert not allowed[eos], "end-of-sequence while thinking"
-                    keep = torch.ones(WIDTH, dtype=torch.bool)
-                    keep[eos] = False
+                    # Banned: end-of-sequence, the request's stop tokens, and the tokens that
+                    # would complete the marker with text after it; nothing else is touched.
+                    spills = spills_after(req.output, pieces, spilling)
+                    expected = {eos, *req.params.stop_token_ids, *spills}
+                    banned = set((~allowed).nonzero().flatten().tolist())
+                    assert banned == expected, (banned ^ expected, req.output)
+                    keep = allowed.clone()
                     assert torch.equal(out[i][keep], logits[i][keep]), "a thinking row was masked"
                     thinking_rows += 1
+                    spill_rows += bool(spills)
+                    stop_rows += bool(req.params.stop_token_ids)
             else:
                 grammar_allows = reference.allowed({"json_schema": SCHEMA}, parts[1])
                 assert not (allowed & ~grammar_allows).any(), f"step {step}: outside the grammar"
@@ -132,16 +156,40 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
                 assert token == eos, f"cut at max_tokens: {req.output}"
                 parts = ([], req.output) if closed_prompt else split(req.output, vocab)
                 assert parts is not None, "ended without the marker"
+                thought = b"".join(pieces[t] for t in req.output[: len(parts[0]) + 1])
+                assert closed_prompt or thought.endswith(text), "text after the marker unchecked"
                 matcher = compile_now(GrammarSpec("json_schema", SCHEMA), vocab).matcher()
                 assert completes(matcher, parts[1][:-1]), req.output
                 finished += 1
                 closed_prompts += closed_prompt
-    assert finished >= 20 and thinking_rows >= 50 and forced_rows >= 10 and closed_prompts >= 2, (
-        finished,
-        thinking_rows,
-        forced_rows,
-        closed_prompts,
-    )
+    counts = (finished, thinking_rows, forced_rows, closed_prompts, spill_rows, stop_rows)
+    assert finished >= 20 and thinking_rows >= 50 and forced_rows >= 10, counts
+    assert closed_prompts >= 2 and spill_rows >= 5 and stop_rows >= 10, counts
+
+
+def spilling_tokens(pieces: list[bytes]) -> list[int]:
+    """Tokens that could complete the marker with text after it (a superset, for checks)."""
+    text = MARKER.encode()
+    tails = [text[k:] for k in range(1, len(text))]
+    return [
+        t
+        for t, p in enumerate(pieces[:WIDTH])
+        if text in p or any(len(p) > len(tail) and p.startswith(tail) for tail in tails)
+    ]
+
+
+def spills_after(output: list[int], pieces: list[bytes], spilling: list[int]) -> set[int]:
+    """The tokens that, after ``output`` (no marker yet), would complete the marker with more
+    text after it: a thinking row must ban exactly these, besides its stop tokens."""
+    text = MARKER.encode()
+    written = b"".join(pieces[t] for t in output)[-(len(text) - 1) :]
+    found = set()
+    for token in spilling:
+        window = written + pieces[token]
+        at = window.find(text)
+        if at >= 0 and at + len(text) < len(window):
+            found.add(token)
+    return found
 
 
 def test_reasoning_parser_gives_the_default_marker_and_bans_its_implicit_ends():

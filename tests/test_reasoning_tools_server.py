@@ -4,7 +4,7 @@
 clients.
 
 - ``response_format`` / ``.parse()``: the answer comes after ``</think>`` (the reasoning
-  parser's marker, our default ``reasoning_end``), in ``reasoning_content`` and a ``content``
+  parser's marker, our default ``reasoning_end``), in ``reasoning`` and a ``content``
   that validates; thinking disabled by the chat template, and a thinking budget.
 - ``tools`` with ``tool_choice`` auto / required / named, streaming too: every call's
   arguments, as vLLM's own qwen3_coder parser reads them back, validate against that tool's
@@ -137,6 +137,35 @@ def test_tool_calls_validate_for_every_tool_choice(client):
             arguments = json.loads(call.function.arguments)
             jsonschema.validate(arguments, SCHEMAS[call.function.name])
     assert reasoning_of(results[0].choices[0].message)  # required, thinking first
+    assert not reasoning_of(results[1].choices[0].message)
+
+
+def test_auto_tool_calls_when_the_model_calls(client):
+    """``tool_choice="auto"``: free text, or calls whose arguments validate. The random model
+    rarely writes ``<tool_call>`` on its own, so it is made its favourite (``logit_bias``):
+    every completion then calls, after thinking (banned while thinking: the reasoning
+    parser would read it as the end of thinking) and with thinking off."""
+    from transformers import AutoTokenizer
+
+    from constrained.tiny_model import build_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_model("qwen3.6")))
+    tool_call = tokenizer.convert_tokens_to_ids("<tool_call>")
+
+    def create(seed: int, extra: dict):
+        return client.chat.completions.create(
+            model="tiny", messages=ask(), tools=TOOLS, tool_choice="auto", max_tokens=300,
+            temperature=1.0, seed=seed, logit_bias={str(tool_call): 100}, extra_body=extra,
+        )  # fmt: skip
+
+    thinking = {"vllm_xargs": {"max_reasoning_tokens": 8}}
+    results = parallel([lambda: create(11, thinking), lambda: create(12, no_thinking())])
+    for completion in results:
+        message = completion.choices[0].message
+        assert message.tool_calls, message
+        for call in message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert reasoning_of(results[0].choices[0].message)
     assert not reasoning_of(results[1].choices[0].message)
 
 

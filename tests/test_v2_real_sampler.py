@@ -94,6 +94,8 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "closed_prompts": 2,
         "thinking_draft_rows": 40,
         "resumed_thinking": 2,
+        "spill_rows": 3,
+        "stop_rows": 20,
         "multi_call_steps": 20,
     },
     "truncation_samplers": {
@@ -218,7 +220,8 @@ def test_budget_closing() -> None:
 
 def test_reasoning() -> None:
     """``reasoning_end`` on vLLM's real V2 sampler: thinking rows untouched but for
-    end-of-sequence (or forced to the marker), rows after the marker within the grammar,
+    end-of-sequence, the request's stop tokens and tokens that would complete the marker
+    with text after it (or forced to the marker), rows after the marker within the grammar,
     every request complete, over drafts, placeholders, the prompt's end read in the step's one
     copy, preemption and chunked calls."""
     check_counts("reasoning")

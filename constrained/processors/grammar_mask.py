@@ -67,9 +67,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         # While a request thinks: end-of-sequence (the answer must come) and the tokens the
         # engine's reasoning parser reads as an implicit end (reasoning_parser.py).
         implicit = thinking_ends(vllm_config, self.vocab.hf_tokenizer).implicit_ids
-        self.thinking_bans = torch.tensor(
-            sorted({self.vocab.eos_token_id, *implicit}), device=self.layout.device
-        )
+        self.thinking_stops = frozenset({self.vocab.eos_token_id, *implicit})
+        self.thinking_bans = torch.tensor(sorted(self.thinking_stops), device=self.layout.device)
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -91,6 +90,9 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
             state.gate = ReasoningGate(marker, options.max_reasoning_tokens)
+            # Its own stop tokens end it too (the generation config's other end-of-sequence
+            # ids, stop_token_ids): banned with the rest while it thinks.
+            state.stop_ids = tuple(sorted(params.all_stop_token_ids - self.thinking_stops))
             if tokens is not None:  # V1: the prompt is here; V2 reads its end in apply
                 state.check_prompt(list(tokens[0][-state.prompt_tail_size() :]))
             else:
@@ -112,4 +114,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if self.writer.thinking:  # free while thinking, but the answer must come
             index = torch.tensor(self.writer.thinking, device=logits.device)
             logits[index[:, None], self.thinking_bans] = float("-inf")
+            rows, ids = self.writer.banned
+            if rows:
+                pairs = torch.tensor([rows, ids], device=logits.device)
+                logits[pairs[0], pairs[1]] = float("-inf")
         return logits

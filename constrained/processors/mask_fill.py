@@ -52,6 +52,7 @@ class RowState:
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
     gate_budgeted: bool = False  # the gate's forcing point accounts for max_tokens
+    stop_ids: tuple[int, ...] = ()  # its own stop tokens (generation config, stop_token_ids)
 
     def check_prompt(self, tail: list[int]) -> None:
         """Open the gate when the prompt already closed the thinking block."""
@@ -110,8 +111,15 @@ class MaskWriter:
         self._closing: list[tuple[int, RowState]] = []
         self._closing_drafts: list[tuple[int, RowState, list[int]]] = []
         # Rows still thinking this step: no mask (their processors' cost is an unconstrained
-        # request's), end-of-sequence banned so the answer always comes.
+        # request's), end-of-sequence banned so the answer always comes; with (row, token)
+        # pairs each request bans besides: its own stop tokens, and the tokens that would
+        # complete the marker carrying text past it.
         self.thinking: list[int] = []
+        self.banned: tuple[list[int], list[int]] = ([], [])
+
+    def start_step(self) -> None:
+        self.thinking = []
+        self.banned = ([], [])
 
     def ensure_rows(self, num_rows: int) -> None:
         if self.bitmask.shape[0] < num_rows:
@@ -157,11 +165,18 @@ class MaskWriter:
         # thinking row nothing.
         if state.plan is not None and not state.gate_budgeted and gate.seen >= state.walk_at():
             self._budget_gate(state)
+        self._free_or_forced(state, gate, row)
+
+    def _free_or_forced(self, state: RowState, gate: ReasoningGate, row: int) -> None:
         forced = gate.forced_token()
-        if forced is None:
-            self.thinking.append(row)
-        else:
+        if forced is not None:
             fill_only(self.bitmask, row, [forced])
+            return
+        self.thinking.append(row)
+        bans = [*state.stop_ids, *gate.spills()]
+        if bans:
+            self.banned[0].extend([row] * len(bans))
+            self.banned[1].extend(bans)
 
     def _budget_gate(self, state: RowState) -> None:
         """Force the marker early enough that the answer has its closing window left
@@ -188,11 +203,7 @@ class MaskWriter:
             gate = state.gate.copy()
             after = gate.feed(tokens)
             if after is None:
-                forced = gate.forced_token()
-                if forced is None:
-                    self.thinking.append(row)
-                else:
-                    fill_only(self.bitmask, row, [forced])
+                self._free_or_forced(state, gate, row)
                 return
             state.ready_matcher()
             self._fill_after(state, row, after)
@@ -310,7 +321,7 @@ class V1MaskFill:
             self._num_rows = batch_update.batch_size
         rows = self._ours(self._num_rows)
         self._filled = []
-        self.writer.thinking = []
+        self.writer.start_step()
         if rows:
             self.writer.ensure_rows(max(rows) + 1)
             if all(self.slots.payload[row].thinking() for row in rows):
@@ -376,7 +387,7 @@ class V2MaskFill:
         closing (``ClosingPlan.near``), every row's top-k token ids ride in the same copy.
         """
         ctx, num_rows = rows.ctx, rows.count
-        self.writer.thinking = []
+        self.writer.start_step()
         batch_slots = ctx.idx_mapping_np
         mine = self.slots.active[batch_slots]
         slots = batch_slots[mine].astype(np.int64)

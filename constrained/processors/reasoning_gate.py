@@ -1,9 +1,10 @@
 """Think first, then answer constrained: where a request's constraint starts.
 
 A request with ``reasoning_end`` decodes freely until its output's text contains the marker
-(e.g. Qwen3's ``</think>``, one special token; a vocabulary without it spells it in pieces,
-and a piece may carry more text, such as ``>\\n\\n``); from the token after the one that
-completes it, its grammar applies. ``max_reasoning_tokens`` forces the marker (its tokens)
+(e.g. Qwen3's ``</think>``, one special token; a vocabulary without it spells it in pieces);
+from the token after the one that completes it, its grammar applies. A token that would
+complete it and carry more text (``>\\n\\n``, ``>{``) is banned while thinking: the answer is
+exactly what the grammar allowed. ``max_reasoning_tokens`` forces the marker (its tokens)
 once that many output tokens went by without it; finishing by ``max_tokens``
 (``closing_plan.py``) forces it early enough to leave the answer its closing window. A prompt
 whose text already ends with the marker, then whitespace (the chat template disabled
@@ -69,6 +70,16 @@ class ReasoningGate:
         if not self.forcing:  # continue what the output already wrote of the marker
             self.forcing = list(self.marker.rest[self.matched()])
         return self.forcing[0]
+
+    def spills(self) -> list[int]:
+        """Tokens this step must not take while thinking: they would complete the marker and
+        carry text past it, text the constraint would never see (``>{`` after ``</think``)."""
+        text, spills = self.marker.text, self.marker.spills
+        banned = list(spills[0])
+        for k in range(1, len(self.tail) + 1):
+            if spills[k] and self.tail.endswith(text[:k]):
+                banned.extend(spills[k])
+        return banned
 
     def matched(self) -> int:
         """How many of the marker's first bytes the output ends with."""

@@ -17,6 +17,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from vllm import SamplingParams
@@ -499,31 +500,41 @@ def penalty_placeholders() -> dict:
 
 # ---- 2. grammar masks ------------------------------------------------------------------
 
+GRAMMAR_CAPACITY, GRAMMAR_SPEC = 10, 3  # requests and draft tokens of the grammar scenarios
+
+
+def grammar_runner(seed: int) -> tuple[random.Random, V2Runner, Any]:
+    """A seeded rng, a V2 runner at the tiny model's width, and a reference matcher over its
+    vocabulary (``tests.test_grammar_bookkeeping.Reference``)."""
+    from tests.test_grammar_bookkeeping import WIDTH, Reference
+
+    from constrained.grammars import load_vocab
+    from constrained.tiny_model import build_tiny_model
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    config = harness.make_vllm_config(GRAMMAR_CAPACITY, GRAMMAR_SPEC, 512, 1024)
+    check(config.model_config.get_vocab_size() == WIDTH, "the tiny model's width moved")
+    runner = V2Runner(
+        config,
+        max_num_reqs=GRAMMAR_CAPACITY,
+        vocab_size=WIDTH,
+        num_spec=GRAMMAR_SPEC,
+        max_model_len=512,
+        max_num_batched_tokens=1024,
+    )
+    return rng, runner, Reference(load_vocab(str(build_tiny_model()), WIDTH))
+
 
 @scenario
 def grammar_masks() -> dict:
     """Every constrained row's finite set equals a fresh reference matcher's after the
     request's output fed up to that row (committed, then drafts); plain rows untouched."""
-    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, Reference, kind_of
+    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, kind_of
 
-    from constrained.grammars import load_vocab
-    from constrained.tiny_model import build_tiny_model
-
-    rng = random.Random(7)
-    torch.manual_seed(7)
-    capacity, num_spec = 10, 3
     started = time.monotonic()
-    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
-    check(config.model_config.get_vocab_size() == WIDTH, "the tiny model's width moved")
-    runner = V2Runner(
-        config,
-        max_num_reqs=capacity,
-        vocab_size=WIDTH,
-        num_spec=num_spec,
-        max_model_len=512,
-        max_num_batched_tokens=1024,
-    )
-    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    rng, runner, reference = grammar_runner(7)
+    capacity, num_spec = GRAMMAR_CAPACITY, GRAMMAR_SPEC
     eos = reference.vocab.eos_token_id
     stats = {
         "setup_seconds": round(time.monotonic() - started, 1),
@@ -654,25 +665,13 @@ def budget_closing() -> dict:
     its output complete; with drafts (accepted only where the processed row allows them),
     placeholders, preemption (resumed with the output so far) and chunked calls."""
     from tests.test_budget_closing import CASES
-    from tests.test_grammar_bookkeeping import WIDTH, Reference, spec_for
+    from tests.test_grammar_bookkeeping import WIDTH, spec_for
 
-    from constrained.grammars import GrammarSpec, compile_now, load_vocab
+    from constrained.grammars import GrammarSpec, compile_now
     from constrained.grammars.closing import completes, find_witness
-    from constrained.tiny_model import build_tiny_model
 
-    rng = random.Random(11)
-    torch.manual_seed(11)
-    capacity, num_spec = 10, 3
-    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
-    runner = V2Runner(
-        config,
-        max_num_reqs=capacity,
-        vocab_size=WIDTH,
-        num_spec=num_spec,
-        max_model_len=512,
-        max_num_batched_tokens=1024,
-    )
-    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    rng, runner, reference = grammar_runner(11)
+    capacity, num_spec = GRAMMAR_CAPACITY, GRAMMAR_SPEC
     vocab = reference.vocab
     eos = vocab.eos_token_id
 
@@ -773,34 +772,25 @@ def reasoning() -> dict:
     they were but end-of-sequence, or one forced marker token; after the marker every row is a
     subset of the grammar's; every request ends complete; with drafts, placeholders,
     preemption (resumed with the output so far) and chunked calls."""
-    from tests.test_grammar_bookkeeping import WIDTH, Reference
-    from tests.test_reasoning_gate import MARKER, SCHEMA, split
+    from tests.test_grammar_bookkeeping import WIDTH
+    from tests.test_reasoning_gate import MARKER, SCHEMA, spilling_tokens, spills_after, split
 
-    from constrained.grammars import GrammarSpec, compile_now, load_vocab
+    from constrained.grammars import GrammarSpec, compile_now
     from constrained.grammars.closing import completes
-    from constrained.grammars.marker import marker_for
-    from constrained.tiny_model import build_tiny_model
+    from constrained.grammars.marker import marker_for, text_pieces
 
-    rng = random.Random(21)
-    torch.manual_seed(21)
-    capacity, num_spec = 10, 3
-    config = harness.make_vllm_config(capacity, num_spec, 512, 1024)
-    runner = V2Runner(
-        config,
-        max_num_reqs=capacity,
-        vocab_size=WIDTH,
-        num_spec=num_spec,
-        max_model_len=512,
-        max_num_batched_tokens=1024,
-    )
-    reference = Reference(load_vocab(str(build_tiny_model()), WIDTH))
+    rng, runner, reference = grammar_runner(21)
+    capacity, num_spec = GRAMMAR_CAPACITY, GRAMMAR_SPEC
     vocab = reference.vocab
     eos = vocab.eos_token_id
     marker = marker_for(vocab, MARKER).ids
     newline = vocab.hf_tokenizer.encode("\n\n", add_special_tokens=False)
     grammar = GrammarSpec("json_schema", SCHEMA)
+    pieces = text_pieces(vocab)
+    spilling = spilling_tokens(pieces)
     stats = {"thinking_rows": 0, "forced_rows": 0, "constrained_rows": 0, "finished": 0,
-             "closed_prompts": 0, "thinking_draft_rows": 0, "resumed_thinking": 0}  # fmt: skip
+             "closed_prompts": 0, "thinking_draft_rows": 0, "resumed_thinking": 0,
+             "spill_rows": 0, "stop_rows": 0}  # fmt: skip
     reqs: list[Req] = []
     parked: list[Req] = []
     next_id = 0
@@ -847,8 +837,12 @@ def reasoning() -> dict:
             closed = rng.random() < 0.2
             prompt = random_tokens(rng, rng.randint(3, 40), 1000)
             prompt += (list(marker) + newline) * closed
+            stop = [rng.randrange(1000)] if rng.random() < 0.3 else None  # banned while thinking
             params = SamplingParams(
-                temperature=1.0, max_tokens=rng.choice([10_000, 60]), extra_args=extra
+                temperature=1.0,
+                max_tokens=rng.choice([10_000, 60]),
+                stop_token_ids=stop,
+                extra_args=extra,
             )
             req = Req(f"r{next_id}", params, prompt)
             reqs.append(req)
@@ -888,9 +882,13 @@ def reasoning() -> dict:
                     check(int(got.nonzero()[0]) in marker, f"{at}: forced a non-marker token")
                     stats["forced_rows"] += 1
                 else:
-                    check(not bool(got[eos]), f"{at}: end-of-sequence while thinking")
-                    check(int(got.sum()) == WIDTH - 1, f"{at}: a thinking row was masked")
+                    spills = spills_after(seen, pieces, spilling)
+                    expected = {eos, *req.params.stop_token_ids, *spills}
+                    banned = set((~got).nonzero().flatten().tolist())
+                    check(banned == expected, f"{at}: thinking bans {banned ^ expected}")
                     stats["thinking_rows"] += 1
+                    stats["spill_rows"] += bool(spills)
+                    stats["stop_rows"] += bool(req.params.stop_token_ids)
                     stats["thinking_draft_rows"] += row.local > 0
                 continue
             allowed = reference.allowed({"json_schema": SCHEMA}, body)
