@@ -179,7 +179,20 @@ CASES = {
     "unknown format": {"type": "string", "format": "color"},
     "propertyNames of any string": {"propertyNames": {"type": "string"}},
     "uniqueItems of at most one item": {"uniqueItems": True, "maxItems": 1},
-}
+    # Keywords the declared draft does not define assert nothing, negated too.
+    "draft-4 not const": {"$schema": "http://json-schema.org/draft-04/schema#",
+                          "not": {"const": 1}},
+    "draft-6 not if": {"$schema": "http://json-schema.org/draft-06/schema#",
+                       "not": {"if": {"const": 1}, "then": {"const": 2}}},
+    "draft-7 not dependentRequired": {"$schema": "http://json-schema.org/draft-07/schema#",
+                                      "not": {"dependentRequired": {"a": ["b"]}}},
+    "2020-12 not dependencies beside a type": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object", "not": {"dependencies": {"a": ["b"]}, "minProperties": 2},
+    },
+    "draft-4 const kept out of oneOf": {"$schema": "http://json-schema.org/draft-04/schema#",
+                                        "oneOf": [{"const": 1}, {"type": "integer"}]},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -97,7 +97,36 @@ REWRITTEN = {
         "maximum": 20,
         "oneOf": [{"maximum": 10}, {"minimum": 5}],
     },
+    "dependentSchemas": {
+        **SHAPE,
+        "dependentSchemas": {"side": {"properties": {"kind": {"const": "square"}}}},
+    },
+    "oneOf (disjoint)": {
+        "oneOf": [
+            {**SHAPE, "properties": {**SHAPE["properties"], "kind": {"const": "circle"}}},
+            {**SHAPE, "properties": {**SHAPE["properties"], "kind": {"const": "square"}}},
+        ]
+    },
+    "propertyNames": {
+        "type": "object",
+        "propertyNames": {"pattern": "^[a-c]$"},
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
+        "maxProperties": 3,
+    },
+    "format": {
+        "type": "object",
+        "properties": {
+            "at": {"type": "string", "format": "json-pointer", "maxLength": 8},
+            "up": {"type": "string", "format": "relative-json-pointer", "maxLength": 8},
+        },
+        "required": ["at", "up"],
+        "additionalProperties": False,
+    },
 }
+# RFC 6901 and the relative JSON pointer draft, written from their grammars: jsonschema
+# checks these formats only with the optional jsonpointer package, not installed here.
+JSON_POINTER = r"(/([^~/]|~[01])*)*"
+RELATIVE_JSON_POINTER = r"(0|[1-9][0-9]*)(#|" + JSON_POINTER + ")"
 
 
 @pytest.mark.parametrize("keyword", REWRITTEN)
@@ -107,6 +136,11 @@ def test_rewritten_keywords_are_enforced_in_generation(llm, keyword):
     finished = [o for o in outputs if o.finish_reason == "stop"]
     assert len(finished) >= 6, [o.text for o in outputs]
     assert_all_valid_json(finished, schema)
+    if keyword == "format":
+        for out in finished:
+            value = json.loads(out.text)
+            assert re.fullmatch(JSON_POINTER, value["at"], re.DOTALL), value
+            assert re.fullmatch(RELATIVE_JSON_POINTER, value["up"], re.DOTALL), value
 
 
 def test_schema_as_json_text_and_from_a_pydantic_model(llm):

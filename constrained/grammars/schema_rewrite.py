@@ -115,8 +115,46 @@ def rewrite_schema(schema: Any) -> Any:
     if _uses_unevaluated(schema):
         return schema
     original = schema
-    schema = copy.deepcopy(schema)
+    schema = _in_its_draft(copy.deepcopy(schema))
+    if schema is None:
+        return original
     return _Rewriter(schema, original).node(schema, "#")
+
+
+def _in_its_draft(schema: Any) -> Any | None:
+    """``schema`` without the keywords its declared ``$schema`` draft does not define.
+
+    Those assert nothing in that draft (``const`` in draft 4, ``if`` in draft 6,
+    ``dependencies`` in 2020-12), and a negation must not give them meaning: ``not {const:
+    1}`` rejects every instance in draft 4, where "anything but 1" would let 2 through.
+    Without ``$schema`` every keyword counts, whichever draft defined it (as the rules do).
+    ``None`` (rewrite nothing) for draft 3, whose keywords mean other things, or when a
+    ``$ref`` points into a keyword to drop.
+    """
+    if not isinstance(schema, dict) or not isinstance(schema.get("$schema"), str):
+        return schema
+    draft = validators.validator_for(schema, default=None)
+    if draft is None:
+        return schema
+    if draft is validators.Draft3Validator:
+        return None
+    undefined = _ANY_DRAFT_KEYWORDS - set(draft.VALIDATORS)
+    targets = [target for _, target in local_refs_at(schema)]
+
+    def strip(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            for keyword in undefined & node.keys():
+                at = f"{path}/{escape_pointer(keyword)}"
+                if any(t == at or t.startswith(at + "/") for t in targets):
+                    raise LookupError(at)
+                del node[keyword]
+            map_subschemas(node, path, strip)
+        return node
+
+    try:
+        return strip(schema, "#")
+    except LookupError:
+        return None
 
 
 class _Rewriter:
@@ -325,6 +363,10 @@ _DRAFTS = (
     validators.Draft201909Validator,
     validators.Draft202012Validator,
 )
+_ANY_DRAFT_KEYWORDS = frozenset().union(
+    *(draft.VALIDATORS for draft in (validators.Draft4Validator, validators.Draft6Validator,
+                                     *_DRAFTS))
+)  # fmt: skip
 _PLAIN_BESIDE_ENUM = ANNOTATIONS | {"enum", "const", "type"}
 _KEPT_BESIDE_ENUM = ANNOTATIONS  # ``$defs`` / ``definitions`` stay for the $refs into them
 # Keywords whose verdict ``jsonschema`` may give differently from the backends (regex
