@@ -132,6 +132,34 @@ def test_server_chat_closes_at_max_tokens(server):
         jsonschema.validate(json.loads(choice.message.content), PERSON)
 
 
+def test_server_without_max_tokens_takes_the_remaining_context_as_the_budget(server):
+    """A chat request with no ``max_tokens``: vLLM gives it the model's remaining context
+    (the session server's 512 tokens less the prompt), and that is the budget closing keeps
+    to; a prompt that leaves less than the shortest output is refused naming ``max_tokens``."""
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none")
+
+    def ask(words: int, **extra):
+        return client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "A person, as JSON:" + " a" * words}],
+            temperature=1.0,
+            seed=0,
+            **extra,
+        )
+
+    # Each " a" is one token: measure the prompt once, then leave 60 tokens of context.
+    base = ask(0, max_tokens=1).usage.prompt_tokens
+    words = 512 - 60 - base
+    resp = ask(words, extra_body={"vllm_xargs": {"json_schema": json.dumps(PERSON)}})
+    assert resp.usage.prompt_tokens == base + words, resp.usage
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert resp.usage.completion_tokens <= 60, resp.usage
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    with pytest.raises(openai.BadRequestError, match="'max_tokens'"):
+        ask(512 - 3 - base, extra_body={"vllm_xargs": {"json_schema": json.dumps(PERSON)}})
+
+
 def test_server_closes_under_preemption(server):
     """64 concurrent requests on the session server's 24-block KV cache, prompts just under
     one 128-token block: as outputs grow into a second block vLLM preempts some mid-output
