@@ -50,3 +50,47 @@ def test_tokenizer_is_qwens(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert tok.encode('{"name": "Ada"}') == [4913, 606, 788, 330, 95347, 9207]
     assert tok.convert_tokens_to_ids("<|endoftext|>") == 151_643
+
+
+def test_qwen36_template_renders_tools_calls_results_and_thinking():
+    """The tiny qwen3.6 model's chat template, as Qwen3.5/3.6's: tools in the system turn,
+    an earlier call in Qwen3.5's XML (what vLLM's qwen3_coder parser reads), tool results as
+    one user turn, earlier thinking kept, and the generation prompt's thinking block open
+    (thinking on) or closed and empty (``enable_thinking=False``)."""
+    from transformers import AutoTokenizer
+
+    from constrained.tiny_model import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model("qwen3.6")))
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    call = {"type": "function", "function": {"name": "get_weather",
+                                             "arguments": {"city": "Oslo", "days": 2}}}  # fmt: skip
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "\nLook it up.\n",
+            "tool_calls": [call, call],
+        },
+        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "rain"},
+    ]
+    text = tok.apply_chat_template(messages, tools=[tool], tokenize=False,
+                                   add_generation_prompt=True)  # fmt: skip
+    one_call = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\n")
+    assert "<tools>\n" + json.dumps(tool) + "\n</tools>" in text
+    assert text.count("<|im_start|>system") == 1
+    assert ("<|im_start|>assistant\n<think>\nLook it up.\n</think>\n\n"
+            + one_call + "\n" + one_call + "<|im_end|>\n") in text  # fmt: skip
+    assert ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n"
+            "rain\n</tool_response><|im_end|>\n") in text  # fmt: skip
+    assert text.endswith("<|im_start|>assistant\n<think>\n")
+    closed = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True,
+                                     enable_thinking=False)  # fmt: skip
+    assert closed == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather?"
+                      "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")  # fmt: skip
