@@ -93,6 +93,7 @@ CORPUS: list[Bad] = [
     Bad("reasoning-end-empty", {"json_schema": "{}", "reasoning_end": " "}, "reasoning_end"),
     Bad("reasoning-end-alone", {"reasoning_end": "</think>"}, "reasoning_end"),
     Bad("max-reasoning-alone", {"regex": "a", "max_reasoning_tokens": 4}, "max_reasoning_tokens"),
+    Bad("max-reasoning-unconstrained", {"max_reasoning_tokens": 4}, "max_reasoning_tokens"),
     Bad(
         "max-reasoning-negative",
         {"regex": "a", "reasoning_end": "</think>", "max_reasoning_tokens": -1},
