@@ -133,6 +133,21 @@ def test_keeps_completion_checks_room(vocab):
     assert keeps_completion(matcher, one, [[]], room=5) is None  # a sixth digit is refused
 
 
+def test_a_plan_that_cannot_close_says_so_once(vocab):
+    """A budget no completion fits (admission would refuse it; here forced): the plan is not
+    silent, it marks the request for the engine's log, once."""
+    from constrained.processors.closing_plan import ClosingPlan
+
+    matcher = compile_now(spec_of(*CASES[0]), vocab).matcher()
+    need = len(find_witness(matcher, vocab, 200))
+    plan = ClosingPlan(limit=need // 2)
+    plan.after_tokens(matcher, vocab, [], 0)
+    assert plan.warned and plan.unreachable
+    roomy = ClosingPlan(limit=need + 1)
+    roomy.after_tokens(matcher, vocab, [], 0)
+    assert roomy.closing and not roomy.warned
+
+
 def budget_request(rng: random.Random, req_id: int, needs: dict) -> Request:
     extra, backend = rng.choice(CASES)
     extra = {**extra, "grammar_backend": backend}

@@ -14,7 +14,8 @@ complete, by ``max_tokens``.
 What is not guaranteed: before the window opens the model is free, and a token that raises
 the shortest completion by more than ``SLACK + need`` tokens at once (it opens a long
 required value) can leave too little room; then, or when no walk finds a completion, the
-request runs on with the grammar's mask and is cut at ``max_tokens`` as before.
+request runs on with the grammar's mask and is cut at ``max_tokens`` as before, and the
+engine logs a warning for it, once.
 docs/budget.md has the cost and the measured rates.
 
 Example (what ``mask_fill.MaskWriter`` does per step)::
@@ -32,8 +33,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+from vllm.logger import init_logger
 
 from constrained.grammars.closing import completes, find_witness, keeps_completion
+
+logger = init_logger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -61,6 +65,7 @@ class ClosingPlan:
     # Suffixes that completed the output before a preemption (``PlanShelf``): tried, and
     # checked by the matcher, before a fresh walk, which may find only longer ones.
     hints: list[list[int]] = field(default_factory=list)
+    warned: bool = False  # the warning that it will be cut was logged
 
     def left(self, consumed: int) -> int:
         return self.limit - consumed
@@ -94,13 +99,31 @@ class ClosingPlan:
             self.unreachable = witness is None
             if witness is None:
                 self.next_check = consumed + RECHECK_EVERY
+                self._warn_cut(left, None)
                 return
         self.witness, self.need = witness, len(witness)
         self.closing = self.near(consumed)
+        if len(witness) + 1 > left:
+            self._warn_cut(left, len(witness) + 1)
         # Look again halfway to the window (at least RECHECK_EVERY tokens on): a long budget
         # costs a few walks, not one every few tokens.
         distance = left - (2 * self.need + SLACK)
         self.next_check = consumed + max(RECHECK_EVERY, distance // 2)
+
+    def _warn_cut(self, left: int, needed: int | None) -> None:
+        """Say once, in the engine's log, that this request may be cut at ``max_tokens``."""
+        if self.warned or not self.near(self.limit - left):
+            return
+        self.warned = True
+        found = f"needs {needed} tokens" if needed is not None else "none"
+        logger.warning(
+            "constrained: no completion of an output found within max_tokens=%d (%d tokens "
+            "left; the shortest found: %s): it may be cut at max_tokens (docs/budget.md, "
+            "where closing cannot apply)",
+            self.limit,
+            left,
+            found,
+        )
 
     def _from_hints(self, matcher: Matcher, left: int) -> list[int] | None:
         """The shortest hint that completes the output and fits. Hints are kept: vLLM may
