@@ -57,11 +57,11 @@ def test_stop_tokens_do_not_end_thinking(llm):
     favourite, ``<|im_end|>`` still does not end it before its answer."""
     im_end = llm.get_tokenizer().convert_tokens_to_ids("<|im_end|>")
     extra = {"json_schema": PERSON, "reasoning_end": MARKER, "max_reasoning_tokens": 5}
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=120, stop_token_ids=[im_end],
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=300, stop_token_ids=[im_end],
                             logit_bias={im_end: 100.0}, extra_args=extra)  # fmt: skip
     out = llm.generate(["Think, then answer in JSON:"], params, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop", out.text
-    assert marker_end(llm, out.token_ids) < 5 + 3, out.token_ids
+    assert 5 <= marker_end(llm, out.token_ids) < 5 + 3, out.token_ids  # thought 5 tokens
     jsonschema.validate(think_then_answer(out.text)[1], PERSON)
 
 
