@@ -162,8 +162,35 @@ def take_over(params: Any, tool_parser: str | None = None) -> None:
             twice[0], "cannot be combined with the request's response_format, structured "
             "outputs or tools: both constrain the same output; give one",
         )  # fmt: skip
+    if "structural_tag" in moved:
+        moved["structural_tag"] = call_on_its_token(moved["structural_tag"])
     params.extra_args = {**extra, **moved}
     params.structured_outputs = None
+
+
+# vLLM's tag for Qwen3.5's XML calls starts a call only at this text; its tool parser reads a
+# call from the first token alone (one special token in Qwen3.5/3.6's vocabulary).
+_QWEN_XML_TRIGGER, _QWEN_CALL = "<tool_call>\n<function=", "<tool_call>"
+
+
+def call_on_its_token(structural_tag: str) -> str:
+    """vLLM's structural tag with Qwen3.5's XML call trigger cut to ``<tool_call>``: a model
+    that writes ``<tool_call>`` is held to a complete, valid call (vLLM's trigger leaves it
+    free text until ``\n<function=`` follows, and a ``<tool_call>`` followed by anything else
+    is a call its parser cannot read: the response loses it). Other tags come back as given.
+    """
+    try:
+        tag = json.loads(structural_tag)
+        found = tag["format"]
+    except (ValueError, KeyError, TypeError):
+        return structural_tag  # admission refuses it, naming the field
+    if not isinstance(found, dict) or found.get("type") != "triggered_tags":
+        return structural_tag
+    triggers = found.get("triggers")
+    if triggers != [_QWEN_XML_TRIGGER]:
+        return structural_tag
+    tag["format"] = {**found, "triggers": [_QWEN_CALL]}
+    return json.dumps(tag, ensure_ascii=False)
 
 
 def exact_styles(tool_parser: str | None) -> frozenset[str]:

@@ -183,6 +183,25 @@ def test_vllm_tool_call_tags_parse_back_valid(vocab, parser_model, call):
     assert arguments == {"city": "Oslo", "days": 2}
 
 
+def test_taken_over_qwen_xml_calls_start_at_their_token(vocab):
+    """vLLM's auto tag for Qwen3.5's XML calls triggers on ``<tool_call>\n<function=``: a
+    ``<tool_call>`` followed by anything else stays free text its parser cannot read. Taken
+    over, the trigger is ``<tool_call>`` alone: once written, a valid call must follow."""
+    from constrained.openai_routing import call_on_its_token
+
+    call = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+            "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    broken = "Checking.<tool_call><tool_call> x"
+    vllms = vllm_tag("qwen_3_5", "auto", WEATHER)
+    assert accepts(compiled(vocab, vllms), vocab, broken)  # what vLLM's own tag lets through
+    ours = compiled(vocab, call_on_its_token(vllms))
+    assert not accepts(ours, vocab, broken)
+    assert accepts(ours, vocab, "Checking. " + call) and accepts(ours, vocab, "Plain answer.")
+    assert accepts(ours, vocab, call + "\n" + call)
+    hermes = vllm_tag("hermes", "auto", WEATHER)
+    assert call_on_its_token(hermes) == hermes  # its trigger is the token already
+
+
 def test_qwen_xml_raw_text_never_reads_as_a_delimiter():
     """The raw-text grammar of XML parameters against the parser's own delimiters: a text is
     allowed exactly when nothing in it matches ``<\\s*(/\\s*)?parameter`` or ``</function>``
