@@ -214,7 +214,9 @@ def groups() -> list[Group]:
 
 # Fewest schemas each configuration must compile (measured: a little below), so a change
 # that makes a backend refuse everything cannot pass as "accepts nothing invalid".
-MIN_COMPILED = {"auto": 320, "llguidance": 300, "xgrammar": 180, "outlines": 80}
+# Measured 2026-11-25: auto 389, llguidance 376, xgrammar 208, outlines 95 (a margin for
+# compiles that hit the time limit on a loaded machine).
+MIN_COMPILED = {"auto": 375, "llguidance": 360, "xgrammar": 190, "outlines": 85}
 
 
 @pytest.mark.parametrize("backend", ["auto", "llguidance", "xgrammar", "outlines"])
