@@ -194,9 +194,9 @@ CASES = {
                        "not": {"if": {"const": 1}, "then": {"const": 2}}},
     "draft-7 not dependentRequired": {"$schema": "http://json-schema.org/draft-07/schema#",
                                       "not": {"dependentRequired": {"a": ["b"]}}},
-    "2020-12 not dependencies beside a type": {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object", "not": {"dependencies": {"a": ["b"]}, "minProperties": 2},
+    "draft-4 not bounds with exclusive flags": {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "not": {"minimum": 1, "exclusiveMinimum": True, "const": 2},
     },
     "draft-4 const kept out of oneOf": {"$schema": "http://json-schema.org/draft-04/schema#",
                                         "oneOf": [{"const": 1}, {"type": "integer"}]},

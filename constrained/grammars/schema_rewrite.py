@@ -122,12 +122,14 @@ def rewrite_schema(schema: Any) -> Any:
 
 
 def _in_its_draft(schema: Any) -> Any | None:
-    """``schema`` without the keywords its declared ``$schema`` draft does not define.
+    """``schema`` without the keywords later drafts than its declared ``$schema`` introduced.
 
     Those assert nothing in that draft (``const`` in draft 4, ``if`` in draft 6,
-    ``dependencies`` in 2020-12), and a negation must not give them meaning: ``not {const:
-    1}`` rejects every instance in draft 4, where "anything but 1" would let 2 through.
-    Without ``$schema`` every keyword counts, whichever draft defined it (as the rules do).
+    ``dependentRequired`` in draft 7), and a negation must not give them meaning: ``not
+    {const: 1}`` rejects every instance in draft 4, where "anything but 1" would let 2
+    through. Keywords a later draft dropped (``dependencies`` in 2019-09 on) stay: the
+    suite's ``optional/dependencies-compatibility`` expects them enforced. Without
+    ``$schema`` every keyword counts, whichever draft defined it (as the rules do).
     ``None`` (rewrite nothing) for draft 3, whose keywords mean other things, or when a
     ``$ref`` points into a keyword to drop.
     """
@@ -138,7 +140,7 @@ def _in_its_draft(schema: Any) -> Any | None:
         return schema
     if draft is validators.Draft3Validator:
         return None
-    undefined = _ANY_DRAFT_KEYWORDS - set(draft.VALIDATORS)
+    undefined = _introduced_after(draft)
     targets = [target for _, target in local_refs_at(schema)]
 
     def strip(node: Any, path: str) -> Any:
@@ -363,10 +365,21 @@ _DRAFTS = (
     validators.Draft201909Validator,
     validators.Draft202012Validator,
 )
-_ANY_DRAFT_KEYWORDS = frozenset().union(
-    *(draft.VALIDATORS for draft in (validators.Draft4Validator, validators.Draft6Validator,
-                                     *_DRAFTS))
-)  # fmt: skip
+_DRAFT_ORDER = (validators.Draft4Validator, validators.Draft6Validator, *_DRAFTS)
+
+
+def _introduced_after(draft: Any) -> frozenset[str]:
+    """Keywords no draft up to ``draft`` defines, but a later one does."""
+    if draft not in _DRAFT_ORDER:
+        return frozenset()
+    at = _DRAFT_ORDER.index(draft) + 1
+    # Draft 4's exclusiveMinimum / exclusiveMaximum are booleans its minimum / maximum read.
+    known = frozenset({"exclusiveMinimum", "exclusiveMaximum"}).union(
+        *(d.VALIDATORS for d in _DRAFT_ORDER[:at])
+    )
+    return frozenset().union(*(d.VALIDATORS for d in _DRAFT_ORDER[at:])) - known
+
+
 _PLAIN_BESIDE_ENUM = ANNOTATIONS | {"enum", "const", "type"}
 _KEPT_BESIDE_ENUM = ANNOTATIONS  # ``$defs`` / ``definitions`` stay for the $refs into them
 # Keywords whose verdict ``jsonschema`` may give differently from the backends (regex
