@@ -181,16 +181,23 @@ def call_on_its_token(structural_tag: str) -> str:
     """
     try:
         tag = json.loads(structural_tag)
-        found = tag["format"]
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return structural_tag  # admission refuses it, naming the field
-    if not isinstance(found, dict) or found.get("type") != "triggered_tags":
-        return structural_tag
-    triggers = found.get("triggers")
-    if triggers != [_QWEN_XML_TRIGGER]:
-        return structural_tag
-    tag["format"] = {**found, "triggers": [_QWEN_CALL]}
-    return json.dumps(tag, ensure_ascii=False)
+    changed = False
+
+    def cut(node: Any) -> Any:  # anywhere in the tag: vLLM nests it with a response_format
+        nonlocal changed
+        if isinstance(node, list):
+            return [cut(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        node = {key: cut(value) for key, value in node.items()}
+        if node.get("type") == "triggered_tags" and node.get("triggers") == [_QWEN_XML_TRIGGER]:
+            node["triggers"], changed = [_QWEN_CALL], True
+        return node
+
+    tag = cut(tag)
+    return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
 
 
 def exact_styles(tool_parser: str | None) -> frozenset[str]:

@@ -92,6 +92,7 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
     eos = vocab.eos_token_id
     text, pieces = MARKER.encode(), text_pieces(vocab)
     spilling = spilling_tokens(pieces)
+    writes_marker = {t for ids in marker_for(vocab, MARKER).rest for t in ids}
     batch = V1Batch(CAPACITY, rng)
     next_id, finished, thinking_rows, forced_rows, closed_prompts = 0, 0, 0, 0, 0
     spill_rows = stop_rows = 0
@@ -105,7 +106,8 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
             closed = rng.random() < 0.2  # the template already closed the thinking block
             prompt = [rng.randrange(1000) for _ in range(3)] + (list(marker) + newline) * closed
             budget = rng.choice([10_000, 60])  # never reached, or closing by max_tokens
-            stop = [rng.randrange(1000)] if rng.random() < 0.3 else None  # also banned
+            # Also banned while thinking (sometimes one of the marker's tokens, which is not).
+            stop = [rng.choice([rng.randrange(1000), marker[-1]])] if rng.random() < 0.3 else None
             params = SamplingParams(
                 temperature=1.0, max_tokens=budget, stop_token_ids=stop, extra_args=extra
             )
@@ -138,7 +140,8 @@ def test_v1_thinks_then_answers_constrained(vocab, config, seed):
                     # Banned: end-of-sequence, the request's stop tokens, and the tokens that
                     # would complete the marker with text after it; nothing else is touched.
                     spills = spills_after(req.output, pieces, spilling)
-                    expected = {eos, *req.params.stop_token_ids, *spills}
+                    stops = set(req.params.stop_token_ids) - writes_marker  # it stays writable
+                    expected = {eos, *stops, *spills}
                     banned = set((~allowed).nonzero().flatten().tolist())
                     assert banned == expected, (banned ^ expected, req.output)
                     keep = allowed.clone()

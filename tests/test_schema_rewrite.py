@@ -211,6 +211,18 @@ def test_rewrite_accepts_exactly_the_same_instances(name):
     assert_same_instances(schema, INSTANCES)
 
 
+def test_a_keyword_its_draft_removed_is_never_negated():
+    """``dependencies`` in a 2020-12 schema: enforced it is stricter than ignored, but under
+    ``not`` it would be looser, so such a schema is left as written (the backend refuses
+    ``not`` by name); without a negation it is rewritten, enforced."""
+    draft = "https://json-schema.org/draft/2020-12/schema"
+    negated = {"$schema": draft, "type": "object", "not": {"dependencies": {"a": ["b"]}}}
+    assert rewrite_schema(negated) == negated
+    plain = {"$schema": draft, "type": "object", "dependencies": {"a": ["b"]}}
+    rewritten = rewrite_schema(plain)
+    assert verdicts(rewritten, [{"a": 1}, {"a": 1, "b": 2}, {}]) == [False, True, True]
+
+
 def test_provably_disjoint_one_of_becomes_any_of_without_negations():
     schema = CASES["oneOf by discriminator in allOf branches"]
     assert rewrite_schema(schema)["anyOf"] == schema["oneOf"]

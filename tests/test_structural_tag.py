@@ -200,6 +200,11 @@ def test_taken_over_qwen_xml_calls_start_at_their_token(vocab):
     assert accepts(ours, vocab, call + "\n" + call)
     hermes = vllm_tag("hermes", "auto", WEATHER)
     assert call_on_its_token(hermes) == hermes  # its trigger is the token already
+    # With a response_format too, vLLM nests the tools' tag in an "or": cut there as well.
+    nested = json.loads(vllms)
+    nested["format"] = {"type": "or", "elements": [nested["format"], {"type": "any_text"}]}
+    cut = json.loads(call_on_its_token(json.dumps(nested)))
+    assert cut["format"]["elements"][0]["triggers"] == ["<tool_call>"]
 
 
 def test_qwen_xml_raw_text_never_reads_as_a_delimiter():

@@ -9,7 +9,8 @@ force, and for admission to count; and the tokens that would complete it carryin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,12 +25,13 @@ class Marker:
     ids: tuple[int, ...]  # the marker's tokens, as the model writes it alone
     rest: tuple[tuple[int, ...], ...]  # rest[k]: tokens for text[k:] (k bytes already out)
     pieces: Sequence[bytes]  # every token id's text (special tokens included)
-    # spills[k]: tokens that, after an output ending with text[:k], complete the marker and
-    # carry text past it (k = 0: the whole marker inside one token, with text after it).
-    spills: tuple[tuple[int, ...], ...] = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "spills", spill_ids(self.text, self.pieces))
+    @cached_property
+    def spills(self) -> tuple[tuple[int, ...], ...]:
+        """spills[k]: tokens that, after an output ending with text[:k], complete the marker
+        and carry text past it (k = 0: the whole marker inside one token, with text after
+        it). Built on first use, by the engine's mask fill (admission needs only ``ids``)."""
+        return spill_ids(self.text, self.pieces)
 
 
 def marker_for(vocab: Vocab, text: str) -> Marker:
@@ -64,17 +66,18 @@ def text_pieces(vocab: Vocab) -> list[bytes]:
 def spill_ids(text: bytes, pieces: Sequence[bytes]) -> tuple[tuple[int, ...], ...]:
     """For each k, the tokens that complete ``text`` after its first k bytes and carry more
     bytes after it (one pass over the vocabulary, once per marker)."""
+    n = len(text)
     spills: list[list[int]] = [[] for _ in text]
     firsts = set(text[1:])
     for token, piece in enumerate(pieces):
         if not piece:
             continue
         at = piece.find(text)
-        if at >= 0 and at + len(text) < len(piece):
+        if at >= 0 and at + n < len(piece):
             spills[0].append(token)
         if piece[0] in firsts:
-            for k in range(1, len(text)):
-                rest = text[k:]
-                if len(piece) > len(rest) and piece.startswith(rest):
+            # text[k:] must be shorter than the piece: k > n - len(piece)
+            for k in range(max(1, n - len(piece) + 1), n):
+                if piece.startswith(text[k:]):
                     spills[k].append(token)
     return tuple(tuple(ids) for ids in spills)

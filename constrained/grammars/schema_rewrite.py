@@ -128,10 +128,12 @@ def _in_its_draft(schema: Any) -> Any | None:
     ``dependentRequired`` in draft 7), and a negation must not give them meaning: ``not
     {const: 1}`` rejects every instance in draft 4, where "anything but 1" would let 2
     through. Keywords a later draft dropped (``dependencies`` in 2019-09 on) stay: the
-    suite's ``optional/dependencies-compatibility`` expects them enforced. Without
-    ``$schema`` every keyword counts, whichever draft defined it (as the rules do).
-    ``None`` (rewrite nothing) for draft 3, whose keywords mean other things, or when a
-    ``$ref`` points into a keyword to drop.
+    suite's ``optional/dependencies-compatibility`` expects them enforced; but where the
+    schema negates (``not``, ``if``, ``oneOf``), enforced would be looser than ignored, so
+    such a schema is not rewritten. Without ``$schema`` every keyword counts, whichever
+    draft defined it (as the rules do). ``None`` (rewrite nothing) for draft 3, whose
+    keywords mean other things, when a ``$ref`` points into a keyword to drop, or for a
+    dropped keyword beside a negation.
     """
     if not isinstance(schema, dict) or not isinstance(schema.get("$schema"), str):
         return schema
@@ -140,11 +142,13 @@ def _in_its_draft(schema: Any) -> Any | None:
         return schema
     if draft is validators.Draft3Validator:
         return None
-    undefined = _introduced_after(draft)
+    undefined, removed = _introduced_after(draft), _removed_by(draft)
     targets = [target for _, target in local_refs_at(schema)]
+    found: set[str] = set()
 
     def strip(node: Any, path: str) -> Any:
         if isinstance(node, dict):
+            found.update(node.keys() & (removed | _NEGATING))
             for keyword in undefined & node.keys():
                 at = f"{path}/{escape_pointer(keyword)}"
                 if any(t == at or t.startswith(at + "/") for t in targets):
@@ -154,9 +158,10 @@ def _in_its_draft(schema: Any) -> Any | None:
         return node
 
     try:
-        return strip(schema, "#")
+        stripped = strip(schema, "#")
     except LookupError:
         return None
+    return None if found & removed and found & _NEGATING else stripped
 
 
 class _Rewriter:
@@ -366,6 +371,18 @@ _DRAFTS = (
     validators.Draft202012Validator,
 )
 _DRAFT_ORDER = (validators.Draft4Validator, validators.Draft6Validator, *_DRAFTS)
+
+
+_NEGATING = frozenset({"not", "if", "oneOf"})  # keywords the rules rewrite by negation
+
+
+def _removed_by(draft: Any) -> frozenset[str]:
+    """Keywords an earlier draft defined that ``draft`` no longer does (``dependencies``)."""
+    if draft not in _DRAFT_ORDER:
+        return frozenset()
+    at = _DRAFT_ORDER.index(draft)
+    earlier = frozenset().union(*(d.VALIDATORS for d in _DRAFT_ORDER[:at]))
+    return earlier - set(draft.VALIDATORS) - {"exclusiveMinimum", "exclusiveMaximum"}
 
 
 def _introduced_after(draft: Any) -> frozenset[str]:

@@ -92,7 +92,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             state.gate = ReasoningGate(marker, options.max_reasoning_tokens)
             # Its own stop tokens end it too (the generation config's other end-of-sequence
             # ids, stop_token_ids): banned with the rest while it thinks.
-            state.stop_ids = tuple(sorted(params.all_stop_token_ids - self.thinking_stops))
+            # (Not the marker's own tokens: it must stay writable.)
+            writes_marker = {t for ids in marker.rest for t in ids}
+            stops = params.all_stop_token_ids - self.thinking_stops - writes_marker
+            state.stop_ids = tuple(sorted(stops))
             if tokens is not None:  # V1: the prompt is here; V2 reads its end in apply
                 state.check_prompt(list(tokens[0][-state.prompt_tail_size() :]))
             else:
@@ -114,8 +117,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if self.writer.thinking:  # free while thinking, but the answer must come
             index = torch.tensor(self.writer.thinking, device=logits.device)
             logits[index[:, None], self.thinking_bans] = float("-inf")
-            rows, ids = self.writer.banned
-            if rows:
-                pairs = torch.tensor([rows, ids], device=logits.device)
+            banned_rows, banned_ids = self.writer.banned
+            if banned_rows:
+                pairs = torch.tensor([banned_rows, banned_ids], device=logits.device)
                 logits[pairs[0], pairs[1]] = float("-inf")
         return logits

@@ -75,7 +75,9 @@ class ReasoningGate:
         """Tokens this step must not take while thinking: they would complete the marker and
         carry text past it, text the constraint would never see (``>{`` after ``</think``)."""
         text, spills = self.marker.text, self.marker.spills
-        banned = list(spills[0])
+        banned = list(spills[0])  # empty for a marker that is one special token
+        if not self.tail or text[0] not in self.tail:
+            return banned  # nothing of the marker written yet
         for k in range(1, len(self.tail) + 1):
             if spills[k] and self.tail.endswith(text[:k]):
                 banned.extend(spills[k])
