@@ -179,24 +179,17 @@ def call_on_its_token(structural_tag: str) -> str:
     free text until ``\n<function=`` follows, and a ``<tool_call>`` followed by anything else
     is a call its parser cannot read: the response loses it). Other tags come back as given.
     """
+    from constrained.grammars.structural_tag import parts
+
     try:
         tag = json.loads(structural_tag)
-    except ValueError:
+        found = tag["format"]
+    except (ValueError, KeyError, TypeError):
         return structural_tag  # admission refuses it, naming the field
     changed = False
-
-    def cut(node: Any) -> Any:  # anywhere in the tag: vLLM nests it with a response_format
-        nonlocal changed
-        if isinstance(node, list):
-            return [cut(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        node = {key: cut(value) for key, value in node.items()}
+    for _, node in parts(found):  # anywhere: vLLM nests it beside a response_format
         if node.get("type") == "triggered_tags" and node.get("triggers") == [_QWEN_XML_TRIGGER]:
             node["triggers"], changed = [_QWEN_CALL], True
-        return node
-
-    tag = cut(tag)
     return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
 
 
