@@ -150,8 +150,8 @@ CORPUS: list[Bad] = [
     Bad("schema-empty-text", {"json_schema": ""}, "json_schema"),
     # keywords no backend enforces
     Bad(
-        "schema-uniqueItems",
-        {"json_schema": '{"type": "array", "uniqueItems": true}'},
+        "schema-uniqueItems-under-not",
+        {"json_schema": '{"type": "array", "not": {"uniqueItems": true}}'},
         "json_schema",
     ),
     Bad("schema-not", {"json_schema": '{"not": {"pattern": "^a"}}'}, "json_schema"),

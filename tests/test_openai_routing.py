@@ -166,7 +166,7 @@ def test_refused_keyword_and_conflict_get_400_naming_them(server, stream):
         body = chat(max_tokens=8, stream=stream, **kwargs)
         return httpx.post(server + "/v1/chat/completions", json=body, timeout=120)
 
-    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    unique = {"type": "array", "items": {"type": "integer"}, "not": {"uniqueItems": True}}
     refused = post(response_format={"type": "json_schema",
                                     "json_schema": {"name": "u", "schema": unique}})  # fmt: skip
     assert refused.status_code == 400, refused.text

@@ -152,7 +152,7 @@ def test_regex_streams_and_stops(client):
     ("xargs", "field"),
     [
         ({"json_schema": "{not json"}, "json_schema"),
-        ({"json_schema": '{"type": "array", "uniqueItems": true}'}, "json_schema"),
+        ({"json_schema": '{"type": "array", "not": {"uniqueItems": true}}'}, "json_schema"),
         ({"json_schema": '{"type": 12}'}, "json_schema"),
         ({"regex": "(unclosed"}, "regex"),
         ({"grammar": "root ::= ("}, "grammar"),

@@ -143,6 +143,40 @@ def test_rewritten_keywords_are_enforced_in_generation(llm, keyword):
             assert re.fullmatch(RELATIVE_JSON_POINTER, value["up"], re.DOTALL), value
 
 
+CHECKED_ARRAYS = {
+    "uniqueItems": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                     "uniqueItems": True, "minItems": 2, "maxItems": 4},
+            "days": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 3},
+                     "uniqueItems": True, "minItems": 3},
+            "level": {"type": "array", "items": {"enum": ["lo", "mid", "hi"]},
+                      "uniqueItems": True, "minItems": 2},
+        },
+        "required": ["tags", "days", "level"],
+        "additionalProperties": False,
+    },
+    "contains": {
+        "type": "array",
+        "items": {"enum": ["a", "b", "c"]},
+        "contains": {"const": "c"},
+        "minContains": 2,
+        "maxContains": 3,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("keyword", CHECKED_ARRAYS)
+def test_array_checks_are_enforced_in_generation(llm, keyword):
+    """``uniqueItems`` / ``contains``, checked by the matcher (``checked_matcher.py``)."""
+    schema = CHECKED_ARRAYS[keyword]
+    outputs = generate(llm, 12, max_tokens=96, json_schema=schema)
+    finished = [o for o in outputs if o.finish_reason == "stop"]
+    assert len(finished) >= 8, [o.text for o in outputs]
+    assert_all_valid_json(finished, schema)
+
+
 def test_schema_as_json_text_and_from_a_pydantic_model(llm):
     class Item(BaseModel):
         # Closed, as JSON Schema allows extra keys otherwise (a random model writes many).
@@ -259,7 +293,8 @@ BAD_CONSTRAINTS = [
     ({"json_schema": {"type": "objekt"}}, "json_schema", "not a valid JSON schema"),
     ({"json_schema": 42}, "json_schema", "must be a JSON schema"),
     ({"json_schema": {"type": "string", "not": {"pattern": "^a"}}}, "json_schema", "'not'"),
-    ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema", "uniqueItems"),
+    ({"json_schema": {"type": "array", "not": {"uniqueItems": True}}}, "json_schema",
+     "uniqueItems"),
     ({"json_schema": {"allOf": [{"minimum": 1}, {"maximum": 3}]}, "grammar_backend": "xgrammar"},
      "json_schema", "allOf"),
     ({"json_schema": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}},

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from constrained.grammars.array_checks import plan_checks
 from constrained.grammars.backend import CompiledGrammar
+from constrained.grammars.checked_matcher import CheckedGrammar
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import BACKENDS, get_backend
 from constrained.grammars.schema_rewrite import first_enforced
@@ -23,7 +25,9 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     """Compile with the backend called ``name``, unless it would not enforce the schema.
 
     A JSON schema the backend refuses as written is tried once more rewritten
-    (``schema_rewrite``: the same instances, in keywords backends enforce).
+    (``schema_rewrite``: the same instances, in keywords backends enforce). ``uniqueItems``
+    and ``contains`` are taken out first and checked by the matcher (``array_checks``,
+    ``checked_matcher``).
 
     Raises:
         GrammarError: the backend refuses the constraint, or it does not compile; the
@@ -31,10 +35,13 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     """
     if spec.kind != "json_schema":
         return _compile_as_written(name, spec, vocab)
-    return first_enforced(
-        spec.source,
+    planned = plan_checks(spec.source, name)
+    source = spec.source if planned is None else planned[0]
+    compiled = first_enforced(
+        source,
         lambda source: _compile_as_written(name, dataclasses.replace(spec, source=source), vocab),
     )
+    return compiled if planned is None else CheckedGrammar(compiled, planned[1], vocab)
 
 
 def _compile_as_written(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:

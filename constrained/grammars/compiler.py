@@ -31,6 +31,7 @@ from typing import Any
 from constrained.grammars.auto import compile_auto, compile_with
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.cache import CompileCache
+from constrained.grammars.checked_matcher import unwrapped, with_checks
 from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import AUTO, BACKENDS, get_backend
 from constrained.grammars.schema_input import close_objects
@@ -52,15 +53,21 @@ def compile_now(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     Raises:
         GrammarError: the constraint is invalid, or no backend enforces all of it.
     """
-    if spec.close_objects and spec.kind == "json_schema":  # a structural tag's: inside
-        try:
-            spec = dataclasses.replace(spec, source=close_objects(spec.source))
-        except ValueError as exc:
-            raise GrammarError("", str(exc), keyword="allOf") from None
+    spec = _as_compiled(spec)
     refuse_huge_regexes(spec)
     if spec.backend != AUTO:
         return compile_with(spec.backend, spec, vocab)
     return compile_auto(spec, vocab)
+
+
+def _as_compiled(spec: GrammarSpec) -> GrammarSpec:
+    """``spec`` with ``close_objects`` applied to its schema (a structural tag's: inside)."""
+    if spec.close_objects and spec.kind == "json_schema":
+        try:
+            return dataclasses.replace(spec, source=close_objects(spec.source))
+        except ValueError as exc:
+            raise GrammarError("", str(exc), keyword="allOf") from None
+    return spec
 
 
 @functools.cache
@@ -123,6 +130,7 @@ class GrammarCompiler:
             name, payload = found
             try:
                 grammar = get_backend(name).load(payload, self.vocab)
+                grammar = with_checks(_as_compiled(spec), grammar, self.vocab)
             except Exception as exc:  # unreadable for this backend: compile it again
                 logger.warning("constrained: a stored %s grammar did not load (%s)", name, exc)
             else:
@@ -133,7 +141,7 @@ class GrammarCompiler:
         self._count(loaded=False)
         backend = get_backend(compiled.backend)
         if time.perf_counter() - start >= backend.store_after_s:
-            self.store.save(key, backend.name, backend.dump(compiled))
+            self.store.save(key, backend.name, backend.dump(unwrapped(compiled)))
         return compiled
 
     def _count(self, loaded: bool) -> None:

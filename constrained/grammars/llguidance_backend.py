@@ -147,7 +147,10 @@ def _short(message: str) -> str:
 
 
 def refused_keyword(error: GrammarError) -> str | None:
-    """The JSON-schema keyword a refusal names (``Unimplemented keys: ["not"]``)."""
+    """The JSON-schema keyword a refusal names (``Unimplemented keys: ["not"]``), or the one
+    our own layer named (``GrammarError.keyword``: an array check it cannot follow)."""
+    if error.keyword is not None:
+        return error.keyword
     found = re.search(r'[Uu]nimplemented keys?:?\s*\[?"([^"]+)"', str(error))
     return found.group(1) if found else None
 

@@ -22,6 +22,7 @@ import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
+from constrained.grammars.checked_matcher import CheckedMatcher
 from constrained.grammars.closing import MAX_WITNESS_TOKENS, allowed_ids, find_witness
 from constrained.grammars.llguidance_backend import LLGuidanceMatcher
 from constrained.grammars.matcher import Matcher, fill_only, words_for
@@ -107,6 +108,7 @@ class MaskWriter:
         self.scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)  # witness walks
         self._uploader = Uploader(device)
         self._llguidance: list[tuple[LLGuidanceMatcher, int]] = []
+        self._narrowed: list[tuple[CheckedMatcher, int]] = []  # array checks, after the fill
         # Rows closing this step (restricted in ``close``, once the logits are known).
         self._closing: list[tuple[int, RowState]] = []
         self._closing_drafts: list[tuple[int, RowState, list[int]]] = []
@@ -236,16 +238,27 @@ class MaskWriter:
             fill_only(self.bitmask, row, [self.eos])
 
     def _write(self, matcher: Matcher, row: int) -> None:
-        if isinstance(matcher, LLGuidanceMatcher):  # filled together, in llguidance's pool
-            self._llguidance.append((matcher, row))
+        backend = matcher.inner if isinstance(matcher, CheckedMatcher) else matcher
+        if isinstance(backend, LLGuidanceMatcher):  # filled together, in llguidance's pool
+            self._llguidance.append((backend, row))
+            if backend is not matcher:
+                self._narrowed.append((matcher, row))
         else:
             matcher.fill(self.bitmask, row)
 
     def finish(self) -> None:
-        """Write the rows queued for llguidance's parallel fill."""
+        """Write the rows queued for llguidance's parallel fill, then their array checks."""
         if self._llguidance:
             pairs, self._llguidance = self._llguidance, []
             LLGuidanceMatcher.fill_many(pairs, self.bitmask)
+        narrowed, self._narrowed = self._narrowed, []
+        for matcher, row in narrowed:
+            try:
+                matcher.narrow(self.bitmask, row)
+            except Exception:
+                logger.exception("constrained: array checks failed; ending the request")
+                matcher.error = "array checks failed"
+                fill_only(self.bitmask, row, [self.eos])
 
     def close(
         self, logits: torch.Tensor, top: np.ndarray | None = None, may_fetch: bool = True

@@ -1,0 +1,399 @@
+"""``uniqueItems`` and ``contains``: the array keywords no backend enforces, found in a schema
+and taken out of it, to be checked while the output is written (``checked_matcher.py``).
+
+``plan_checks`` returns the schema without ``uniqueItems`` / ``contains`` / ``minContains`` /
+``maxContains`` (a backend enforces the rest) and a ``CheckPlan``: which arrays of an instance
+the removed keywords apply to, followed by instance location. A subschema applies at a
+location through ``properties``, ``patternProperties``, ``additionalProperties``, ``items``,
+``prefixItems``, ``additionalItems`` and ``contains``, and in place through ``allOf``,
+``anyOf``, ``oneOf``, ``then``, ``else``, ``dependentSchemas`` / ``dependencies`` and local
+``$ref``s. The set of subschemas reached is a superset of those the instance is judged by
+(an ``anyOf`` branch it does not take is in it too), so an array gets every check any of them
+asks for: sometimes more than the schema asks, never less.
+
+Why that is sound: let ``S'`` be any subschema with the keywords removed. For an instance
+that passes every check, each removed keyword holds wherever it appears, so the instance is
+valid against ``S'`` exactly when it is valid against ``S``, under ``oneOf`` too. So the
+backend's verdict on the stripped schema plus the checks accept only valid instances.
+Keywords under ``not``, ``if`` or ``propertyNames``, beside ``unevaluated*``, dynamic or
+remote references, or ``$ref``s inside nested ``$id`` resources are refused by name.
+
+Example::
+
+    >>> stripped, plan = plan_checks('{"type": "array", "uniqueItems": true}', "auto")
+    >>> stripped, plan.rules(plan.root).unique
+    ('{"type": "array"}', True)
+"""
+
+from __future__ import annotations
+
+import copy
+import decimal
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import validators
+
+from constrained.grammars.errors import GrammarError
+from constrained.grammars.schema_negation import conjuncts, values_of
+from constrained.grammars.schema_walk import (
+    iter_subschemas,
+    nested_resources,
+    reachable_subschemas,
+    resolve_pointer,
+)
+
+CHECKED = ("uniqueItems", "contains", "minContains", "maxContains")
+MAX_FINITE_ITEMS = 256  # item values written out for the look-ahead (``ArrayRules.finite``)
+_IN_PLACE = ("allOf", "anyOf", "oneOf")
+_OLD_DRAFTS = (validators.Draft3Validator, validators.Draft4Validator)  # no ``contains``
+_BEFORE_2019 = (*_OLD_DRAFTS, validators.Draft6Validator, validators.Draft7Validator)
+
+NodeSet = frozenset  # of id()s of schema objects, each held by ``CheckPlan.nodes``
+
+
+@dataclass(frozen=True)
+class Contains:
+    """One ``contains``: at least ``at_least`` and at most ``at_most`` items match ``schema``."""
+
+    schema: Any
+    at_least: int
+    at_most: int | None
+
+
+@dataclass(frozen=True)
+class ArrayRules:
+    """The checks one array gets.
+
+    Attributes:
+        unique: ``uniqueItems`` (no two items equal as JSON values).
+        contains: each ``contains`` that applies.
+        finite: when the items are a few plain scalars (an ``enum`` of strings without
+            escapes, bounded integers, booleans, ``null``): each value's canonical key and
+            compact JSON bytes, so an item that no value still allowed starts with (unused,
+            for ``uniqueItems``; not one match too many, for ``maxContains``) is refused
+            before it is complete (breaking a check would otherwise be the only way on).
+    """
+
+    unique: bool
+    contains: tuple[Contains, ...]
+    finite: tuple[tuple[Any, bytes], ...] | None
+
+
+def canonical(value: Any) -> Any:
+    """A hashable key equal for JSON values JSON Schema calls equal (``1`` and ``1.0``, objects
+    in any key order; ``true`` and ``1`` differ). Numbers are read as ``Decimal``."""
+    if isinstance(value, bool):
+        return ("b", value)
+    if value is None:
+        return ("z",)
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return ("n", decimal.Decimal(value))
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, list):
+        return ("a", tuple(canonical(v) for v in value))
+    return ("o", frozenset((k, canonical(v)) for k, v in value.items()))
+
+
+def canonical_text(text: bytes) -> Any:
+    """``canonical`` of a JSON text."""
+    if text[:1] == b'"' and 0x5C not in text:  # a string without escapes: the hot case
+        return ("s", text[1:-1].decode())
+    return canonical(json.loads(text, parse_float=decimal.Decimal, parse_int=decimal.Decimal))
+
+
+class CheckPlan:
+    """Which checks each array of an instance gets, by the subschemas reaching it.
+
+    ``root`` is the set at the instance's root; ``child(nodes, key_or_index)`` the set at a
+    member or item; ``rules(nodes)`` an array's checks there (``None``: none). Sets are
+    ``frozenset``s of subschema ids; both maps are memoized.
+    """
+
+    def __init__(self, schema: Any, draft: Any) -> None:
+        self.schema = schema
+        self.draft = draft
+        self.nodes: dict[int, dict] = {}
+        self.root = self._closure([schema])
+        self._children: dict[tuple[NodeSet, Any], NodeSet] = {}
+        self._rules: dict[NodeSet, ArrayRules | None] = {}
+        self._validators: dict[int, Any] = {}
+
+    def _closure(self, schemas: list[Any]) -> NodeSet:
+        """The schema objects in ``schemas`` and those applying in place with them."""
+        found: set[int] = set()
+        pending = [s for s in schemas if isinstance(s, dict)]
+        while pending:
+            node = pending.pop()
+            if id(node) in found:
+                continue
+            found.add(id(node))
+            self.nodes[id(node)] = node
+            pending += [s for s in _in_place(node, self.schema) if isinstance(s, dict)]
+        return frozenset(found)
+
+    def child(self, nodes: NodeSet, at: str | int) -> NodeSet:
+        """The subschemas applying to member ``at`` (a key) or item ``at`` (an index)."""
+        if not nodes:
+            return nodes
+        memo = self._children.get((nodes, at))
+        if memo is None:
+            found: list[Any] = []
+            for node_id in nodes:
+                node = self.nodes[node_id]
+                found += _members(node, at) if isinstance(at, str) else _items(node, at)
+            memo = self._children[(nodes, at)] = self._closure(found)
+        return memo
+
+    def rules(self, nodes: NodeSet) -> ArrayRules | None:
+        """The checks of an array the subschemas ``nodes`` reach."""
+        if nodes not in self._rules:
+            self._rules[nodes] = self._rules_of([self.nodes[n] for n in nodes])
+        return self._rules[nodes]
+
+    def _rules_of(self, nodes: list[dict]) -> ArrayRules | None:
+        unique = any(n.get("uniqueItems") is True and not _at_most_one(n) for n in nodes)
+        modern = self.draft not in _BEFORE_2019
+        found: list[Contains] = []
+        for node in nodes:
+            if "contains" not in node or self.draft in _OLD_DRAFTS:
+                continue
+            at_least, at_most = 1, None
+            if modern:
+                at_least = _count(node.get("minContains"), 1)
+                at_most = _count(node.get("maxContains"), None)
+            if at_least > 0 or at_most is not None:
+                found.append(Contains(node["contains"], at_least, at_most))
+        if not unique and not found:
+            return None
+        return ArrayRules(unique, tuple(found), self._finite(nodes))
+
+    def _finite(self, nodes: list[dict]) -> tuple[tuple[Any, bytes], ...] | None:
+        items = {id(n["items"]): n["items"] for n in nodes if isinstance(n.get("items"), dict)}
+        if len(items) != 1 or any("prefixItems" in n for n in nodes):
+            return None
+        (schema,) = items.values()
+        values: list[Any] | None = None
+        for conjunct in conjuncts(schema, self.schema):
+            found = _values_within(conjunct) if isinstance(conjunct, dict) else None
+            if found is not None and (values is None or len(found) < len(values)):
+                values = found
+        if values is None or len(values) > MAX_FINITE_ITEMS or not all(map(_plain, values)):
+            return None
+        written = {canonical(v): json.dumps(v).encode() for v in values}
+        return tuple(written.items())
+
+    def matches(self, contains: Contains, value: Any) -> bool:
+        """Whether an item counts for ``contains`` (its subschema, judged with the schema's
+        draft and format assertions: a match is never counted that some reading rejects)."""
+        check = self._validators.get(id(contains))
+        if check is None:
+            cls = self.draft or validators.Draft202012Validator
+            check = cls(self.schema, format_checker=cls.FORMAT_CHECKER).evolve(
+                schema=contains.schema
+            )
+            self._validators[id(contains)] = check
+        return bool(check.is_valid(value))
+
+
+def plan_checks(text: str, backend: str) -> tuple[str, CheckPlan] | None:
+    """The schema without the array keywords no backend enforces, and where they apply;
+    ``None`` when it has none.
+
+    Raises:
+        GrammarError: a keyword sits where it cannot be followed (see the module docstring),
+            naming it.
+    """
+    schema = json.loads(text)
+    if not isinstance(schema, dict):
+        return None
+    found = [(path, key, node) for path, node in _all_subschemas(schema) for key in CHECKED
+             if key in node]  # fmt: skip
+    if not found:
+        return None
+    draft = validators.validator_for(schema, default=None) if "$schema" in schema else None
+    _refuse_unfollowed(schema, found, backend)
+    stripped = copy.deepcopy(schema)
+    _strip(stripped)
+    return json.dumps(stripped, ensure_ascii=False), CheckPlan(schema, draft)
+
+
+def _all_subschemas(schema: Any) -> Iterator[tuple[str, dict]]:
+    yield from iter_subschemas(schema)
+    seen = {id(node) for _, node in iter_subschemas(schema)}
+    for _, ref in _local_refs(schema):
+        target = resolve_pointer(schema, ref)
+        if isinstance(target, dict) and id(target) not in seen:  # OpenAPI-style components
+            for path, node in iter_subschemas(target, ref):
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    yield path, node
+
+
+def _local_refs(schema: Any) -> Iterator[tuple[dict, str]]:
+    for _, node in iter_subschemas(schema):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            yield node, ref
+
+
+def _refuse_unfollowed(schema: dict, found: list[tuple[str, str, dict]], backend: str) -> None:
+    def refuse(keyword: str, where: str, why: str) -> None:
+        raise GrammarError(
+            backend, f"cannot enforce keyword '{keyword}' (at {where}): {why}", keyword=keyword
+        )
+
+    first, keyword, _ = found[0]
+    for path, node in _all_subschemas(schema):
+        for key in ("$dynamicRef", "$recursiveRef", "unevaluatedItems", "unevaluatedProperties"):
+            if key in node:
+                refuse(keyword, first, f"the schema uses {key} ({path})")
+        ref = node.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            refuse(keyword, first, f"a $ref that is not local ({path})")
+        if isinstance(ref, str) and not isinstance(resolve_pointer(schema, ref), (dict, bool)):
+            refuse(keyword, first, f"a $ref that does not resolve ({path})")
+    for path, resource in nested_resources(schema):  # its $refs resolve against its $id
+        if any(True for _ in _local_refs(resource)):
+            refuse(keyword, first, f"a $ref inside a nested $id resource ({path})")
+    negated = _negated(schema)
+    for path, key, node in found:
+        if id(node) in negated:
+            refuse(key, path, "it sits under not, if or propertyNames")
+
+
+def _negated(schema: dict) -> set[int]:
+    """Ids of the subschemas under ``not``, ``if`` or ``propertyNames`` (through ``$ref``s):
+    judged there, a removed keyword would change the verdict the other way."""
+    found: set[int] = set()
+    for _, node in _all_subschemas(schema):
+        for key in ("not", "if", "propertyNames"):
+            if isinstance(node.get(key), dict):
+                found.update(id(sub) for _, sub in reachable_subschemas(node[key], schema))
+    return found
+
+
+def _in_place(node: dict, root: Any) -> list[Any]:
+    """The subschemas applying to the same instance as ``node`` (``not`` / ``if`` aside)."""
+    found: list[Any] = []
+    for key in _IN_PLACE:
+        if isinstance(node.get(key), list):
+            found += node[key]
+    found += [node.get("then"), node.get("else")]
+    for key in ("dependentSchemas", "dependencies"):
+        if isinstance(node.get(key), dict):
+            found += [v for v in node[key].values() if isinstance(v, dict)]
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        found.append(resolve_pointer(root, ref))
+    return found
+
+
+def _members(node: dict, key: str) -> list[Any]:
+    found: list[Any] = []
+    properties = node.get("properties")
+    named = isinstance(properties, dict) and key in properties
+    if named:
+        found.append(properties[key])
+    patterns = node.get("patternProperties")
+    matched = False
+    if isinstance(patterns, dict):
+        for pattern, sub in patterns.items():
+            try:
+                hit = re.search(pattern, key) is not None
+            except re.error:  # a dialect Python cannot read: assume it matches
+                hit = True
+            if hit:
+                found.append(sub)
+                matched = True
+    if not named and not matched:
+        found.append(node.get("additionalProperties"))
+    return found
+
+
+def _items(node: dict, index: int) -> list[Any]:
+    found: list[Any] = [node.get("contains")]
+    prefix = node.get("prefixItems")
+    items = node.get("items")
+    if isinstance(prefix, list) and index < len(prefix):
+        found.append(prefix[index])
+    elif isinstance(items, list):
+        found.append(items[index] if index < len(items) else node.get("additionalItems"))
+    else:
+        found.append(items)
+    return found
+
+
+def _strip(node: Any) -> None:
+    """Remove the checked keywords from every subschema of ``node`` (in place)."""
+    for _, sub in _all_subschemas(node):
+        for key in CHECKED:
+            sub.pop(key, None)
+
+
+def _values_within(schema: dict) -> list[Any] | None:
+    """Every value ``schema`` may allow, when few: its ``enum`` / ``const``, the integers
+    between its bounds, ``true`` and ``false``, or ``null`` (a superset: the look-ahead only
+    refuses what no value of it starts)."""
+    values = values_of(schema)
+    if values is not None:
+        return values
+    kind = schema.get("type")
+    if kind == "boolean":
+        return [False, True]
+    if kind == "null":
+        return [None]
+    if kind != "integer":
+        return None
+    low, high = (
+        _bound(schema, "minimum", "exclusiveMinimum"),
+        _bound(schema, "maximum", "exclusiveMaximum"),
+    )
+    if low is None or high is None or high - low >= MAX_FINITE_ITEMS:
+        return None
+    return list(range(low, high + 1))
+
+
+def _bound(schema: dict, inclusive: str, exclusive: str) -> int | None:
+    """The integer bound ``schema`` sets on one side (the tighter of the two keywords)."""
+    import math
+
+    lower = inclusive == "minimum"
+    found = []
+    for key, shift in ((inclusive, 0), (exclusive, 1)):
+        value = schema.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # draft 4's boolean exclusive flags: no bound of their own
+        if lower:
+            found.append(math.floor(value) + shift if value == int(value) else math.ceil(value))
+        else:
+            found.append(math.ceil(value) - shift if value == int(value) else math.floor(value))
+    if not found:
+        return None
+    return max(found) if lower else min(found)
+
+
+def _at_most_one(node: dict) -> bool:
+    limit = node.get("maxItems")
+    return isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit <= 1
+
+
+def _count(value: Any, default: int | None) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        return default
+    return int(value)
+
+
+def _plain(value: Any) -> bool:
+    """A scalar that JSON writes one way: ``json.dumps`` is what any backend allows."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return True
+    if isinstance(value, str):
+        return all(0x20 <= ord(ch) < 0x7F and ch not in '"\\' for ch in value)
+    return False

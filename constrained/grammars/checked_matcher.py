@@ -1,0 +1,387 @@
+"""A backend's matcher plus the array checks it cannot do: ``uniqueItems`` and ``contains``.
+
+``CheckedGrammar`` wraps the grammar a backend compiled from the schema without those keywords
+(``array_checks.plan_checks``); each ``CheckedMatcher`` follows its request's JSON text
+(``json_scan``) and, after the backend fills a mask, clears the tokens that would break a
+check:
+
+- a token completing an item equal to an earlier item of a ``uniqueItems`` array;
+- a token completing an item that would be one match too many for a ``maxContains``;
+- a token closing an array with fewer ``contains`` matches than it needs (``minContains``,
+  1 by default);
+- over a few plain scalars (``enum`` of strings, bounded integers ...), a token leaving an
+  item that no value still allowed starts with, or a ``,`` when none is left (so a repeat,
+  or a match too many, is refused before it is the only way on); a literal repeating an
+  item at its first letter; a number repeating one where the backend lets it go no further.
+
+Cost, per step of a row inside a checked array: reading its mask row (unpacking 4.7k words),
+one vectorized look-up of the tokens that can complete an item or close an array there
+(``json_scan.TokenReach``: closing a string, a bracket, a delimiter), then following each
+of those tokens' bytes in Python (tens of tokens, typically). Rows outside checked arrays
+pay the unpacking and the look-up for a ``]`` (an array opened and closed in one token).
+
+Where the checks leave a row no token at all (an ``enum`` whose values are used up where
+``minItems`` asks for more, ``contains`` that nothing within ``maxItems`` can still meet),
+the request ends: only end-of-sequence is allowed, its ``error`` says why, and its output
+is incomplete rather than invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from constrained.grammars.array_checks import CheckPlan, canonical_text, plan_checks
+from constrained.grammars.json_scan import (
+    ARRAY,
+    SCALAR,
+    STRING,
+    VALUE,
+    Frame,
+    Scan,
+    TokenReach,
+    feed,
+    token_reach,
+)
+from constrained.grammars.matcher import Matcher, fill_only, words_for
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.backend import CompiledGrammar
+    from constrained.grammars.spec import GrammarSpec
+    from constrained.grammars.vocab import Vocab
+
+logger = logging.getLogger(__name__)
+
+
+def reach_of(vocab: Vocab) -> TokenReach:
+    """The vocabulary's ``TokenReach``, built once."""
+    return vocab._once("json_reach", lambda: token_reach(vocab.token_bytes()))
+
+
+class CheckedGrammar:
+    """A backend's compiled grammar (``inner``) and the checks its schema lost (``plan``)."""
+
+    def __init__(self, inner: CompiledGrammar, plan: CheckPlan, vocab: Vocab) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.vocab = vocab
+        self.backend = inner.backend
+        reach_of(vocab)  # built here, in a compile thread, not in the first mask fill
+
+    def matcher(self) -> CheckedMatcher:
+        return CheckedMatcher(self.inner.matcher(), self.plan, self.vocab)
+
+
+def unwrapped(grammar: Any) -> Any:
+    """The backend's own grammar (what the store keeps)."""
+    return grammar.inner if isinstance(grammar, CheckedGrammar) else grammar
+
+
+def with_checks(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
+    """``grammar`` (a backend's, loaded from the store) with the checks ``spec`` asks for, as
+    ``auto.compile_with`` built it."""
+    if spec.kind != "json_schema":
+        return grammar
+    planned = plan_checks(spec.source, grammar.backend)
+    return grammar if planned is None else CheckedGrammar(grammar, planned[1], vocab)
+
+
+class _Checks:
+    """``json_scan.Events`` enforcing a ``CheckPlan``."""
+
+    def __init__(self, plan: CheckPlan) -> None:
+        self.plan = plan
+        self._matches: dict[tuple[int, Any], bool] = {}
+
+    def opened(self, frame: Frame, parent: Frame | None) -> None:
+        plan = self.plan
+        if parent is None:
+            frame.nodes = plan.root
+        else:
+            at = parent.count if parent.kind == ARRAY else parent.key
+            frame.nodes = plan.child(parent.nodes, at if at is not None else "")
+        if frame.kind == ARRAY:
+            frame.rules = plan.rules(frame.nodes)
+            if frame.rules is not None:
+                frame.matched = (0,) * len(frame.rules.contains)
+
+    def item(self, frame: Frame, text: bytes) -> bool:
+        rules = frame.rules
+        key = canonical_text(text)
+        if rules.unique:
+            if key in frame.seen:
+                return False
+            frame.seen = frame.seen | {key}
+        if rules.contains:
+            counts = list(frame.matched)
+            for i, contains in enumerate(rules.contains):
+                if self.match(contains, key, text):
+                    counts[i] += 1
+                    if contains.at_most is not None and counts[i] > contains.at_most:
+                        return False
+            frame.matched = tuple(counts)
+        return True
+
+    def match(self, contains: Any, key: Any, text: bytes) -> bool:
+        """Whether the item ``text`` (canonical ``key``) counts for ``contains`` (memoized)."""
+        memo = (id(contains), key)
+        found = self._matches.get(memo)
+        if found is None:
+            found = self._matches[memo] = self.plan.matches(contains, json.loads(text))
+        return found
+
+    def closed(self, frame: Frame) -> bool:
+        pairs = zip(frame.matched, frame.rules.contains, strict=True)
+        return all(n >= contains.at_least for n, contains in pairs)
+
+
+class CheckedMatcher:
+    """One request: the backend's matcher, the JSON text so far and the checks' state."""
+
+    def __init__(self, inner: Matcher, plan: CheckPlan, vocab: Vocab) -> None:
+        self.inner = inner
+        self.pieces = vocab.token_bytes()
+        self.width = vocab.width
+        self.eos = vocab.eos_token_id
+        self.reach = reach_of(vocab)
+        self.events = _Checks(plan)
+        self.scan = Scan()
+        self.text = bytearray()
+        self.history: list[tuple[Scan, int]] = []  # the state before each consumed token
+        self.scratch: torch.Tensor | None = None  # a mask row for the number look-ahead
+        self.error: str | None = inner.error
+
+    # -- following the text ------------------------------------------------------------
+
+    def _advance(self, token: int) -> bool:
+        """Follow one token (already allowed by the backend); False if it breaks a check,
+        with the state left as before it."""
+        self.history.append((self.scan.copy(), len(self.text)))
+        piece = self.pieces[token] if token != self.eos else b""
+        if feed(self.scan, piece, len(self.text), self.text, self.events):
+            self.text += piece
+            return True
+        self.scan, _ = self.history.pop()
+        return False
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        tokens = list(tokens)
+        if not self.inner.consume(tokens):
+            self.error = self.inner.error
+            return False
+        for token in tokens:
+            if self.error is None and not self._advance(token):
+                self.error = "a token broke uniqueItems / contains"
+        return self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        if self.error is not None:
+            return 0
+        tokens = list(tokens)
+        accepted = self.inner.try_consume(tokens)
+        for i in range(accepted):
+            if not self._advance(tokens[i]):
+                self.inner.rollback(accepted - i)
+                return i
+        return accepted
+
+    def rollback(self, num_tokens: int) -> None:
+        if not num_tokens:
+            return
+        self.inner.rollback(num_tokens)
+        self.scan, length = self.history[-num_tokens]
+        del self.history[-num_tokens:]
+        del self.text[length:]
+
+    def accepts_end(self) -> bool:
+        return self.error is None and self.inner.accepts_end()
+
+    def forced(self) -> list[int]:
+        """The backend's forced tokens, where it names them (``closing.find_witness``
+        consumes them with ``try_consume``, which checks them)."""
+        forced = getattr(self.inner, "forced", None)
+        return forced() if forced is not None and self.error is None else []
+
+    # -- masks ---------------------------------------------------------------------------
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.error is not None:
+            fill_only(bitmask, row, [self.eos])
+            return
+        self.inner.fill(bitmask, row)
+        self.narrow(bitmask, row)
+
+    def narrow(self, bitmask: torch.Tensor, row: int) -> None:
+        """Clear, in a row the backend filled, the tokens that would break a check."""
+        if self.error is not None:
+            fill_only(bitmask, row, [self.eos])
+            return
+        words = bitmask[row].numpy().view(np.uint32)
+        candidates = self._candidates(words)
+        repeats = self._string_repeats()
+        if repeats is not None:  # in a uniqueItems string: most candidates by their text
+            quiet = self.reach.quiet_close[candidates]
+            by_prefix = self.reach.by_prefix
+            refused = [t for text in repeats for t in by_prefix.get(text, ()) if _has(words, t)]
+            candidates = candidates[~quiet]
+        else:
+            refused = []
+        refused += [int(t) for t in candidates if not self._allows(t)]
+        if not refused:
+            return
+        ids = np.asarray(refused)
+        np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+        if not words.any():
+            self.error = "no token keeps uniqueItems / contains"
+            logger.warning("constrained: %s; ending the request", self.error)
+            fill_only(bitmask, row, [self.eos])
+
+    def _candidates(self, words: np.ndarray) -> np.ndarray:
+        """The allowed tokens that may complete an item or close an array (a superset)."""
+        scan = self.scan
+        inside = scan.mode == STRING
+        checked = _innermost_checked(scan)
+        if (inside and scan.escape) or (
+            checked is not None and scan.stack[checked].rules.finite is not None
+        ):
+            return _ids(words)  # after a backslash, or an enum's items: few tokens, read each
+        depth = None if checked is None else scan.depth_in(checked)
+        scalars = depth == 0 and not inside and scan.stack[checked].rules.unique
+        return _ids(words & self.reach.may_complete(inside, depth, scalars)[: len(words)])
+
+    def _string_repeats(self) -> set[bytes] | None:
+        """Inside a string item of a ``uniqueItems`` array (the only checked array open, no
+        ``contains``): the texts (decoded) that, written next and closing the string, would
+        repeat an earlier item. ``None`` elsewhere (every candidate is then followed)."""
+        scan = self.scan
+        if scan.mode != STRING or scan.in_key or scan.escape:
+            return None
+        checked = _innermost_checked(scan)
+        if checked != len(scan.stack) - 1:
+            return None
+        frame = scan.stack[checked]
+        rules = frame.rules
+        if not rules.unique or rules.contains or rules.finite is not None:
+            return None
+        if any(f.rules is not None for f in scan.stack[:checked]):
+            return None
+        written = bytes(self.text[scan.start + 1 :])
+        if 0x5C in written:  # escapes: compare decoded texts the slow way
+            return None
+        repeats = set()
+        for key in frame.seen:
+            if key[0] == "s":
+                seen = key[1].encode()
+                if seen.startswith(written):
+                    repeats.add(seen[len(written) :])
+        return repeats
+
+    def _allows(self, token: int) -> bool:
+        """Whether ``token`` keeps every check (and, over a finite ``enum``, an unused value
+        reachable)."""
+        trial = self.scan.copy()
+        piece = self.pieces[token]
+        if not feed(trial, piece, len(self.text), self.text, self.events):
+            return False
+        return self._unused_value_ahead(trial, piece) and self._number_goes_on(trial, token)
+
+    def _unused_value_ahead(self, trial: Scan, piece: bytes) -> bool:
+        index = _innermost_checked(trial)
+        if index is None:
+            return True
+        frame = trial.stack[index]
+        finite = frame.rules.finite
+        if finite is None:
+            return True
+        left = self._values_left(frame)
+        top = index == len(trial.stack) - 1
+        if top and trial.mode == VALUE and frame.count:  # after a ',': an item must come
+            return bool(left)
+        if not top or trial.mode in (STRING, SCALAR):  # inside an item
+            written = self._item_text(frame.item_start, piece)
+            return any(value.startswith(written) for value in left)
+        return True
+
+    def _values_left(self, frame: Frame) -> list[bytes]:
+        """The values (JSON bytes) of a finite item domain the next item may still take:
+        not used yet (``uniqueItems``), not one match too many (``maxContains``)."""
+        rules = frame.rules
+        full = [c for c, n in zip(rules.contains, frame.matched, strict=True)
+                if c.at_most is not None and n >= c.at_most]  # fmt: skip
+        return [
+            text
+            for key, text in rules.finite
+            if not (rules.unique and key in frame.seen)
+            and not any(self.events.match(c, key, text) for c in full)
+        ]
+
+    def _number_goes_on(self, trial: Scan, token: int) -> bool:
+        """After ``token``, a scalar item of a ``uniqueItems`` array being written: a literal
+        that repeats an earlier item is refused at its first letter; a number that would
+        repeat one if it ended there is allowed only where the backend lets it go on (a
+        digit, ``.``, an exponent), else refused now (its only way on would be the repeat)."""
+        index = _innermost_checked(trial)
+        if index is None or index != len(trial.stack) - 1 or trial.mode != SCALAR:
+            return True
+        frame = trial.stack[index]
+        if not frame.rules.unique:
+            return True
+        written = self._item_text(frame.item_start, self.pieces[token])
+        if trial.literal:  # true / false / null: decided by their first letter
+            return canonical_text(_LITERAL_OF[written[0]]) not in frame.seen
+        try:
+            repeat = canonical_text(written) in frame.seen
+        except ValueError:  # not a number yet ("-", "1e")
+            return True
+        if not repeat:
+            return True
+        if self.inner.try_consume([token]) != 1:
+            return True
+        try:
+            scratch = self._scratch()
+            self.inner.fill(scratch, 0)
+            words = scratch[0].numpy().view(np.uint32)
+            return bool((words & self.reach.next_in_number()[: len(words)]).any())
+        finally:
+            self.inner.rollback(1)
+
+    def _item_text(self, start: int, piece: bytes) -> bytes:
+        """The text of the item starting at ``start`` after ``piece`` is written."""
+        base = len(self.text)
+        return piece[start - base :] if start >= base else bytes(self.text[start:]) + piece
+
+    def _scratch(self) -> torch.Tensor:
+        if self.scratch is None:
+            import torch
+
+            self.scratch = torch.zeros(1, words_for(self.width), dtype=torch.int32)
+        return self.scratch
+
+
+_LITERAL_OF = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
+
+
+def _has(words: np.ndarray, token: int) -> bool:
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
+
+
+def _ids(words: np.ndarray) -> np.ndarray:
+    """The token ids whose bits are set in ``words``."""
+    hit = np.flatnonzero(words)
+    if not hit.size:
+        return hit
+    bits = np.unpackbits(words[hit].view(np.uint8), bitorder="little").reshape(-1, 32)
+    return (hit[:, None] * 32 + np.arange(32))[bits.astype(bool)]
+
+
+def _innermost_checked(scan: Scan) -> int | None:
+    for index in range(len(scan.stack) - 1, -1, -1):
+        if scan.stack[index].rules is not None:
+            return index
+    return None
