@@ -80,7 +80,7 @@ class Person(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=150)
-    languages: list[Literal["en", "fr", "de", "zh"]] = Field(max_length=3)
+    languages: set[Literal["en", "fr", "de", "zh"]] = Field(max_length=3)
 
 
 def show_json_answer(llm: Any, sampling_params: Any) -> None:
@@ -95,6 +95,15 @@ def show_json_answer(llm: Any, sampling_params: Any) -> None:
     print(f"   finish_reason: {out.finish_reason}")
     if out.finish_reason == "stop":
         print(f"   Person.model_validate_json(text) -> {Person.model_validate_json(out.text)!r}")
+    print("   (languages is a set: uniqueItems, which no grammar backend enforces, is checked")
+    print("   while the answer is written; so is contains: 2 or 3 of these letters are 'c')")
+    letters = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "contains": {"const": "c"},
+               "minContains": 2, "maxContains": 3}  # fmt: skip
+    for seed in range(3):
+        extra = Options(json_schema=letters).to_extra_args()
+        params = sampling_params(temperature=1.0, seed=seed, max_tokens=60, extra_args=extra)
+        out = llm.generate(["Letters:"], params, use_tqdm=False)[0].outputs[0]
+        print(f"   seed {seed}: {out.text}")
     print("   the same at max_tokens=18: closed in time, or cut (close_at_max_tokens=false):")
     for close in (True, False):
         options = Options(json_schema=Person, close_at_max_tokens=close)
