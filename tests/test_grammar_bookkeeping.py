@@ -41,6 +41,12 @@ CONSTRAINTS = [
     {"regex": "[a-c]{1,3}", "grammar_backend": "xgrammar"},
     {"structural_tag": TOOL_CALL},
 ]  # fmt: skip
+# With uniqueItems and contains, checked by our matcher over llguidance's (checked_matcher.py).
+GRAMMAR_CONSTRAINTS = [
+    *CONSTRAINTS,
+    {"json_schema": json.dumps({"type": "array", "items": {"enum": [1, 2, 3, 22]},
+                                "uniqueItems": True, "contains": {"const": 22}, "maxItems": 4})},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +98,7 @@ class Reference:
 
 
 def random_request(rng: random.Random, req_id: int, vocab) -> Request:
-    extra = dict(rng.choice(CONSTRAINTS)) if rng.random() < 0.75 else {}
+    extra = dict(rng.choice(GRAMMAR_CONSTRAINTS)) if rng.random() < 0.75 else {}
     # A budget never reached: these rows must equal the grammar's mask (closing narrows it:
     # tests/test_budget_closing.py).
     params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=extra or None)

@@ -62,6 +62,7 @@ MINIMUMS: dict[str, dict[str, int]] = {
     },
     "grammar_masks": {
         "constrained_rows": 100,
+        "checked_array_rows": 20,  # uniqueItems / contains (checked_matcher.py)
         "constrained_draft_rows": 30,
         "constrained_placeholder_rows": 15,
         "constrained_chunk_rows": 5,

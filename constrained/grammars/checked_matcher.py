@@ -155,6 +155,7 @@ class CheckedMatcher:
         self.text = bytearray()
         self.history: list[tuple[Scan, int]] = []  # the state before each consumed token
         self.scratch: torch.Tensor | None = None  # a mask row for the number look-ahead
+        self._words: np.ndarray | None = None  # its memory
         self.error: str | None = inner.error
 
     # -- following the text ------------------------------------------------------------
@@ -344,10 +345,9 @@ class CheckedMatcher:
         if self.inner.try_consume([token]) != 1:
             return True
         try:
-            scratch = self._scratch()
-            self.inner.fill(scratch, 0)
-            words = scratch[0].numpy().view(np.uint32)
-            return bool((words & self.reach.next_in_number()[: len(words)]).any())
+            words = self._scratch_words()
+            self.inner.fill(self.scratch, 0)
+            return bool((words.view(np.uint32) & self.reach.next_in_number()[: len(words)]).any())
         finally:
             self.inner.rollback(1)
 
@@ -356,12 +356,15 @@ class CheckedMatcher:
         base = len(self.text)
         return piece[start - base :] if start >= base else bytes(self.text[start:]) + piece
 
-    def _scratch(self) -> torch.Tensor:
+    def _scratch_words(self) -> np.ndarray:
+        """A one-row host bitmask (``self.scratch``) and its words, read through numpy (a
+        host buffer: no device involved)."""
         if self.scratch is None:
             import torch
 
-            self.scratch = torch.zeros(1, words_for(self.width), dtype=torch.int32)
-        return self.scratch
+            self._words = np.zeros((1, words_for(self.width)), np.int32)
+            self.scratch = torch.from_numpy(self._words)
+        return self._words[0]
 
 
 _LITERAL_OF = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}

@@ -530,7 +530,7 @@ def grammar_runner(seed: int) -> tuple[random.Random, V2Runner, Any]:
 def grammar_masks() -> dict:
     """Every constrained row's finite set equals a fresh reference matcher's after the
     request's output fed up to that row (committed, then drafts); plain rows untouched."""
-    from tests.test_grammar_bookkeeping import CONSTRAINTS, WIDTH, kind_of
+    from tests.test_grammar_bookkeeping import GRAMMAR_CONSTRAINTS, WIDTH, kind_of
 
     started = time.monotonic()
     rng, runner, reference = grammar_runner(7)
@@ -540,6 +540,7 @@ def grammar_masks() -> dict:
         "setup_seconds": round(time.monotonic() - started, 1),
         "slot_reused_by_other_constraint": 0,
         "constrained_rows": 0,
+        "checked_array_rows": 0,
         "constrained_draft_rows": 0,
         "constrained_placeholder_rows": 0,
         "constrained_chunk_rows": 0,
@@ -581,7 +582,7 @@ def grammar_masks() -> dict:
             if runner.num_admitted >= capacity:
                 break
             next_id += 1
-            extra = dict(rng.choice(CONSTRAINTS)) if rng.random() < 0.7 else None
+            extra = dict(rng.choice(GRAMMAR_CONSTRAINTS)) if rng.random() < 0.7 else None
             temperature = rng.choice([1.0, 0.7]) if extra else 1.0
             long = rng.random() < 0.25
             prompt = random_tokens(rng, rng.randint(60, 150) if long else rng.randint(3, 12), 1000)
@@ -644,6 +645,7 @@ def grammar_masks() -> dict:
                     f"allowed but not expected {extra_ids}, expected but masked {missing}"
                 )
             stats["constrained_rows"] += 1
+            stats["checked_array_rows"] += "uniqueItems" in extra.get("json_schema", "")
             stats["constrained_draft_rows"] += row.local > 0 and not row.placeholder
             stats["constrained_placeholder_rows"] += row.placeholder
             stats["constrained_chunk_rows"] += not row.sampled and not row.placeholder
