@@ -156,6 +156,7 @@ class CheckedMatcher:
         self.history: list[tuple[Scan, int]] = []  # the state before each consumed token
         self.scratch: torch.Tensor | None = None  # a mask row for the number look-ahead
         self._words: np.ndarray | None = None  # its memory
+        self._left: dict[tuple, list[bytes]] = {}  # ``_values_left`` by array state
         self.error: str | None = inner.error
 
     # -- following the text ------------------------------------------------------------
@@ -224,15 +225,12 @@ class CheckedMatcher:
             fill_only(bitmask, row, [self.eos])
             return
         words = bitmask[row].numpy().view(np.uint32)
-        candidates = self._candidates(words)
         repeats = self._string_repeats()
-        if repeats is not None:  # in a uniqueItems string: most candidates by their text
-            quiet = self.reach.quiet_close[candidates]
+        refused: list[int] = []
+        if repeats:  # in a uniqueItems string: the closing tokens looked up by their text
             by_prefix = self.reach.by_prefix
             refused = [t for text in repeats for t in by_prefix.get(text, ()) if _has(words, t)]
-            candidates = candidates[~quiet]
-        else:
-            refused = []
+        candidates = self._candidates(words, quiet_known=repeats is not None)
         refused += [int(t) for t in candidates if not self._allows(t)]
         if not refused:
             return
@@ -243,8 +241,9 @@ class CheckedMatcher:
             logger.warning("constrained: %s; ending the request", self.error)
             fill_only(bitmask, row, [self.eos])
 
-    def _candidates(self, words: np.ndarray) -> np.ndarray:
-        """The allowed tokens that may complete an item or close an array (a superset)."""
+    def _candidates(self, words: np.ndarray, quiet_known: bool = False) -> np.ndarray:
+        """The allowed tokens that may complete an item or close an array (a superset);
+        with ``quiet_known``, less the ``quiet_close`` ones (``_string_repeats`` judged them)."""
         scan = self.scan
         inside = scan.mode == STRING
         checked = _innermost_checked(scan)
@@ -254,7 +253,10 @@ class CheckedMatcher:
             return _ids(words)  # after a backslash, or an enum's items: few tokens, read each
         depth = None if checked is None else scan.depth_in(checked)
         scalars = depth == 0 and not inside and scan.stack[checked].rules.unique
-        return _ids(words & self.reach.may_complete(inside, depth, scalars)[: len(words)])
+        hits = words & self.reach.may_complete(inside, depth, scalars)[: len(words)]
+        if quiet_known:
+            hits &= ~self.reach.packed_quiet()[: len(words)]
+        return _ids(hits)
 
     def _string_repeats(self) -> set[bytes] | None:
         """Inside a string item of a ``uniqueItems`` array (the only checked array open, no
@@ -312,15 +314,22 @@ class CheckedMatcher:
     def _values_left(self, frame: Frame) -> list[bytes]:
         """The values (JSON bytes) of a finite item domain the next item may still take:
         not used yet (``uniqueItems``), not one match too many (``maxContains``)."""
-        rules = frame.rules
-        full = [c for c, n in zip(rules.contains, frame.matched, strict=True)
-                if c.at_most is not None and n >= c.at_most]  # fmt: skip
-        return [
-            text
-            for key, text in rules.finite
-            if not (rules.unique and key in frame.seen)
-            and not any(self.events.match(c, key, text) for c in full)
-        ]
+        memo = (id(frame.rules), frame.seen, frame.matched)
+        left = self._left.get(memo)
+        if left is None:
+            rules = frame.rules
+            full = [c for c, n in zip(rules.contains, frame.matched, strict=True)
+                    if c.at_most is not None and n >= c.at_most]  # fmt: skip
+            left = [
+                text
+                for key, text in rules.finite
+                if not (rules.unique and key in frame.seen)
+                and not any(self.events.match(c, key, text) for c in full)
+            ]
+            if len(self._left) >= 64:  # states of the last steps only
+                self._left.clear()
+            self._left[memo] = left
+        return left
 
     def _number_goes_on(self, trial: Scan, token: int) -> bool:
         """After ``token``, a scalar item of a ``uniqueItems`` array being written: a literal
@@ -376,6 +385,8 @@ def _has(words: np.ndarray, token: int) -> bool:
 
 def _ids(words: np.ndarray) -> np.ndarray:
     """The token ids whose bits are set in ``words``."""
+    if not words.any():
+        return np.zeros(0, np.int64)
     hit = np.flatnonzero(words)
     if not hit.size:
         return hit

@@ -243,6 +243,13 @@ class TokenReach:
             words = self._packed[key] = pack(selected)
         return words
 
+    def packed_quiet(self) -> np.ndarray:
+        """``quiet_close`` as bitmask words."""
+        words = self._packed.get("quiet")
+        if words is None:
+            words = self._packed["quiet"] = pack(self.quiet_close)
+        return words
+
     def next_in_number(self) -> np.ndarray:
         """``number_next`` as bitmask words."""
         words = self._packed.get("number_next")
