@@ -56,6 +56,22 @@ LETTERS = {
     "minContains": 2,
     "maxContains": 3,
 }
+ROLES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"r": {"type": "string", "maxLength": 4}},
+        "required": ["r"],
+        "additionalProperties": False,
+    },
+    "uniqueItems": True,
+    "contains": {"properties": {"r": {"const": "lead"}}},
+    "minContains": 0,
+    "maxContains": 1,
+    "maxItems": 4,
+}
+LETTER = {"type": "array", "items": {"type": "string", "maxLength": 1}, "uniqueItems": True}
+NUMBERS = {"type": "array", "items": {"type": "number"}, "uniqueItems": True}
 TAGGED = {
     "type": "object",
     "properties": {
@@ -99,6 +115,52 @@ CASES = {
     ),
     "nested": (NESTED, [[[1, 2], [2, 1]], [[1, 2], [1, 2]], [[1, 1]], [[], [3]]]),
     "threes": (THREES, [[3, 3], [3], [3, 1, 3, 3], [3, 3, 3, 3], [1, 2], []]),
+    "roles": (
+        ROLES,
+        [
+            [{"r": "x"}, {"r": "lead"}],
+            [{"r": "x"}, {"r": "x"}],
+            [],
+            [{"r": "lead"}, {"r": "x"}, {"r": "lead"}],
+        ],
+    ),
+    "letter": (LETTER, [["a", "b"], ["a", "a"]]),
+    "format": (  # maxContains counts what any reading matches: "a" too, without format checks
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "contains": {"format": "ipv4"},
+            "maxContains": 1,
+        },
+        [["1.2.3.4", "a"], ["1.2.3.4"], ["1.2.3.4", "5.6.7.8"]],
+    ),
+    "draft 7 items": (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "array",
+            "prefixItems": [{"type": "array"}],
+            "items": {"type": "array", "uniqueItems": True},
+        },
+        [[[1, 1]], [[1, 2]]],
+    ),
+    "anyOf items": (
+        {
+            "type": "array",
+            "uniqueItems": True,
+            "anyOf": [{"items": {"enum": ["a", "b"]}}, {"maxItems": 5}],
+        },
+        [["x", "y"], ["a", "a"]],
+    ),
+    "ref chain": (
+        {
+            "$ref": "#/components/a",
+            "components": {
+                "a": {"$ref": "#/components/b"},
+                "b": {"type": "array", "uniqueItems": True},
+            },
+        },
+        [[1, 1], [1, 2]],
+    ),
     "letters": (LETTERS, [["c", "a", "c"], ["c"], ["c", "c", "c", "c"], ["a", "c", "c", "c"]]),
     "tagged": (
         TAGGED,
@@ -117,6 +179,9 @@ SPELLINGS = [
     (ANYTHING, "[0.5,5e-1]", False),
     (ANYTHING, "[0.5,5e-2]", True),
     (ANYTHING, '[{"a":1},{"a":1.0}]', False),
+    (NUMBERS, "[0.1,0.10000000000000001]", False),  # one float, as jsonschema reads them
+    (NUMBERS, "[1e400,2e400]", False),
+    (NUMBERS, "[0,1e-400]", False),
     (ANYTHING, '[{"a":1,"b":[2]},{"b":[2.0],"a":1}]', False),
     (ANYTHING, r'["\\n","\n"]', True),
 ]
@@ -140,7 +205,7 @@ def compiled(schema: dict, walker: Walker, whitespace: str = "compact") -> Check
 def test_masks_accept_exactly_the_valid_instances(name, walker):
     schema, instances = CASES[name]
     grammar = compiled(schema, walker)
-    check = validators.Draft202012Validator(schema)
+    check = validators.validator_for(schema, default=validators.Draft202012Validator)(schema)
     for instance in instances:
         assert walker.accepts(grammar, instance) == check.is_valid(instance), instance
 
@@ -212,14 +277,16 @@ def random_outputs(grammar, walker: Walker, count: int, seed: int) -> list[tuple
     return outputs
 
 
-RANDOM_WALKED = ["strings", "colours", "digits", "anything", "nested", "threes", "letters"]
+RANDOM_WALKED = [
+    "strings", "colours", "digits", "anything", "nested", "threes", "letters", "roles", "letter",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", RANDOM_WALKED)
 def test_random_walks_through_the_masks_end_valid(name, walker):
     schema = CASES[name][0]
     grammar = compiled(schema, walker)
-    check = validators.Draft202012Validator(schema)
+    check = validators.validator_for(schema, default=validators.Draft202012Validator)(schema)
     outputs = random_outputs(grammar, walker, 25, seed=hash(name) % 1000)
     complete = [text for text, how in outputs if how == "complete"]
     invalid = [text for text in complete if not check.is_valid(json.loads(text))]
@@ -241,6 +308,45 @@ def test_rollback_restores_the_checks(walker):
     fresh = grammar.matcher()
     assert fresh.try_consume(repeat) < len(repeat)  # stops before the repeat completes
     assert fresh.error is None
+
+
+def test_a_dead_end_seen_ahead_is_undone_with_the_rollback(walker):
+    """Integers 1..2, unique, at least 3: after ``[1,2`` no token keeps the checks. A fill
+    there after ``try_consume`` (a witness walk, a draft row) allows only end-of-sequence, and
+    the rollback leaves the matcher as it was; the request ends only if that end is taken."""
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 2},
+              "uniqueItems": True, "minItems": 3}  # fmt: skip
+    grammar = compiled(schema, walker)
+    eos, width = walker.vocab.eos_token_id, walker.vocab.width
+    tokens = walker.tokenizer.encode("[1,2")
+    matcher = grammar.matcher()
+    assert matcher.consume(tokens[:1])
+    assert matcher.try_consume(tokens[1:]) == len(tokens) - 1
+    matcher.fill(walker.bitmask, 0)
+    assert allowed_ids(walker.bitmask[0], width).nonzero()[0].tolist() == [eos]
+    matcher.rollback(len(tokens) - 1)
+    matcher.fill(walker.bitmask, 0)
+    assert allowed_ids(walker.bitmask[0], width).sum() > 1 and matcher.error is None
+    assert matcher.consume(tokens[1:])
+    matcher.fill(walker.bitmask, 0)
+    assert not matcher.consume([eos]) and matcher.error is not None
+
+
+def test_escaped_surrogates_do_not_break_the_check(walker):
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    spec = GrammarSpec("json_schema", json.dumps(schema), "xgrammar")
+    grammar = compile_now(spec, walker.vocab)  # xgrammar writes \u escapes
+    tokens = walker.tokenizer.encode('["\\ud800","a","\\ud800"]')
+    assert walker.walk(grammar.inner, tokens)[0]
+    assert not walker.walk(grammar, tokens)[0]
+
+
+def test_a_token_that_opens_an_array_and_writes_in_it_is_followed():
+    from constrained.grammars.json_scan import token_reach
+
+    reach = token_reach([b"[1,", b"[", b"a", b'"]'])
+    assert reach.outside_bracket.tolist() == [True, False, False, False]
+    assert reach.inside_bracket.tolist() == [False, False, False, True]  # "[1," is string text
 
 
 def test_a_token_that_breaks_a_check_ends_the_request(walker):

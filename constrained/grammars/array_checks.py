@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import decimal
 import json
 import re
 from collections.abc import Iterator
@@ -47,8 +46,13 @@ from constrained.grammars.schema_walk import (
 )
 
 CHECKED = ("uniqueItems", "contains", "minContains", "maxContains")
+MAX_MEMO = 4096  # CheckPlan.child results kept
 MAX_FINITE_ITEMS = 256  # item values written out for the look-ahead (``ArrayRules.finite``)
 _IN_PLACE = ("allOf", "anyOf", "oneOf")
+# Where a subschema may or may not apply (so its ``items`` may not bound the values).
+_ALTERNATIVES = frozenset(
+    {"anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "dependencies", "prefixItems"}
+)
 _OLD_DRAFTS = (validators.Draft3Validator, validators.Draft4Validator)  # no ``contains``
 _BEFORE_2019 = (*_OLD_DRAFTS, validators.Draft6Validator, validators.Draft7Validator)
 
@@ -85,13 +89,14 @@ class ArrayRules:
 
 def canonical(value: Any) -> Any:
     """A hashable key equal for JSON values JSON Schema calls equal (``1`` and ``1.0``, objects
-    in any key order; ``true`` and ``1`` differ). Numbers are read as ``Decimal``."""
+    in any key order; ``true`` and ``1`` differ), as ``jsonschema`` judges ``uniqueItems``: numbers
+    as Python reads them (``0.1`` and ``0.10000000000000001`` are one float)."""
     if isinstance(value, bool):
         return ("b", value)
     if value is None:
         return ("z",)
-    if isinstance(value, (int, float, decimal.Decimal)):
-        return ("n", decimal.Decimal(value))
+    if isinstance(value, (int, float)):
+        return ("n", value)
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, list):
@@ -103,7 +108,7 @@ def canonical_text(text: bytes) -> Any:
     """``canonical`` of a JSON text."""
     if text[:1] == b'"' and 0x5C not in text:  # a string without escapes: the hot case
         return ("s", text[1:-1].decode())
-    return canonical(json.loads(text, parse_float=decimal.Decimal, parse_int=decimal.Decimal))
+    return canonical(json.loads(text))
 
 
 class CheckPlan:
@@ -118,10 +123,11 @@ class CheckPlan:
         self.schema = schema
         self.draft = draft
         self.nodes: dict[int, dict] = {}
+        self.prefixed = draft in (None, validators.Draft202012Validator)  # has prefixItems
         self.root = self._closure([schema])
         self._children: dict[tuple[NodeSet, Any], NodeSet] = {}
         self._rules: dict[NodeSet, ArrayRules | None] = {}
-        self._validators: dict[int, Any] = {}
+        self._validators: dict[tuple[int, bool], Any] = {}
 
     def _closure(self, schemas: list[Any]) -> NodeSet:
         """The schema objects in ``schemas`` and those applying in place with them."""
@@ -145,7 +151,11 @@ class CheckPlan:
             found: list[Any] = []
             for node_id in nodes:
                 node = self.nodes[node_id]
-                found += _members(node, at) if isinstance(at, str) else _items(node, at)
+                found += (
+                    _members(node, at) if isinstance(at, str) else _items(node, at, self.prefixed)
+                )
+            if len(self._children) >= MAX_MEMO:  # keys and indexes the model invents
+                self._children.clear()
             memo = self._children[(nodes, at)] = self._closure(found)
         return memo
 
@@ -174,8 +184,8 @@ class CheckPlan:
 
     def _finite(self, nodes: list[dict]) -> tuple[tuple[Any, bytes], ...] | None:
         items = {id(n["items"]): n["items"] for n in nodes if isinstance(n.get("items"), dict)}
-        if len(items) != 1 or any("prefixItems" in n for n in nodes):
-            return None
+        if len(items) != 1 or any(_ALTERNATIVES & n.keys() for n in nodes):
+            return None  # an ``anyOf`` branch's items may not be the instance's
         (schema,) = items.values()
         values: list[Any] | None = None
         for conjunct in conjuncts(schema, self.schema):
@@ -187,16 +197,16 @@ class CheckPlan:
         written = {canonical(v): json.dumps(v).encode() for v in values}
         return tuple(written.items())
 
-    def matches(self, contains: Contains, value: Any) -> bool:
-        """Whether an item counts for ``contains`` (its subschema, judged with the schema's
-        draft and format assertions: a match is never counted that some reading rejects)."""
-        check = self._validators.get(id(contains))
+    def matches(self, contains: Contains, value: Any, strict: bool) -> bool:
+        """Whether an item counts for ``contains``, judged with the schema's draft: ``strict``
+        with format assertions (for ``minContains``: never a match some reading rejects),
+        else without (for ``maxContains``: every match any reading counts)."""
+        check = self._validators.get((id(contains), strict))
         if check is None:
             cls = self.draft or validators.Draft202012Validator
-            check = cls(self.schema, format_checker=cls.FORMAT_CHECKER).evolve(
-                schema=contains.schema
-            )
-            self._validators[id(contains)] = check
+            checker = cls.FORMAT_CHECKER if strict else None
+            check = cls(self.schema, format_checker=checker).evolve(schema=contains.schema)
+            self._validators[(id(contains), strict)] = check
         return bool(check.is_valid(value))
 
 
@@ -223,15 +233,9 @@ def plan_checks(text: str, backend: str) -> tuple[str, CheckPlan] | None:
 
 
 def _all_subschemas(schema: Any) -> Iterator[tuple[str, dict]]:
-    yield from iter_subschemas(schema)
-    seen = {id(node) for _, node in iter_subschemas(schema)}
-    for _, ref in _local_refs(schema):
-        target = resolve_pointer(schema, ref)
-        if isinstance(target, dict) and id(target) not in seen:  # OpenAPI-style components
-            for path, node in iter_subschemas(target, ref):
-                if id(node) not in seen:
-                    seen.add(id(node))
-                    yield path, node
+    """Every subschema, and what local ``$ref``s reach outside the tree (OpenAPI-style
+    ``#/components/...``, through chains of them), each once."""
+    return reachable_subschemas(schema)
 
 
 def _local_refs(schema: Any) -> Iterator[tuple[dict, str]]:
@@ -315,9 +319,9 @@ def _members(node: dict, key: str) -> list[Any]:
     return found
 
 
-def _items(node: dict, index: int) -> list[Any]:
+def _items(node: dict, index: int, prefixed: bool) -> list[Any]:
     found: list[Any] = [node.get("contains")]
-    prefix = node.get("prefixItems")
+    prefix = node.get("prefixItems") if prefixed else None
     items = node.get("items")
     if isinstance(prefix, list) and index < len(prefix):
         found.append(prefix[index])

@@ -28,6 +28,7 @@ is incomplete rather than invalid.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections.abc import Sequence
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
     from constrained.grammars.vocab import Vocab
 
 logger = logging.getLogger(__name__)
+STUCK = "no token keeps uniqueItems / contains (a dead end)"
+MAX_PIECE = 32  # bytes of a token the replay look-ahead tries
+MAX_FORCED = 256  # forced bytes it follows
 
 
 def reach_of(vocab: Vocab) -> TokenReach:
@@ -97,7 +101,7 @@ class _Checks:
 
     def __init__(self, plan: CheckPlan) -> None:
         self.plan = plan
-        self._matches: dict[tuple[int, Any], bool] = {}
+        self._matches: dict[tuple[int, Any, bool], bool] = {}
 
     def opened(self, frame: Frame, parent: Frame | None) -> None:
         plan = self.plan
@@ -109,7 +113,7 @@ class _Checks:
         if frame.kind == ARRAY:
             frame.rules = plan.rules(frame.nodes)
             if frame.rules is not None:
-                frame.matched = (0,) * len(frame.rules.contains)
+                frame.matched = frame.loose = (0,) * len(frame.rules.contains)
 
     def item(self, frame: Frame, text: bytes) -> bool:
         rules = frame.rules
@@ -117,23 +121,28 @@ class _Checks:
         if rules.unique:
             if key in frame.seen:
                 return False
-            frame.seen = frame.seen | {key}
+            frame.seen, frame.raw = frame.seen | {key}, (*frame.raw, text)
         if rules.contains:
-            counts = list(frame.matched)
+            strict, loose = list(frame.matched), list(frame.loose)
             for i, contains in enumerate(rules.contains):
-                if self.match(contains, key, text):
-                    counts[i] += 1
-                    if contains.at_most is not None and counts[i] > contains.at_most:
+                if self.match(contains, key, text, strict=False):
+                    loose[i] += 1
+                    if contains.at_most is not None and loose[i] > contains.at_most:
                         return False
-            frame.matched = tuple(counts)
+                    strict[i] += self.match(contains, key, text, strict=True)
+            frame.matched, frame.loose = tuple(strict), tuple(loose)
         return True
 
-    def match(self, contains: Any, key: Any, text: bytes) -> bool:
-        """Whether the item ``text`` (canonical ``key``) counts for ``contains`` (memoized)."""
-        memo = (id(contains), key)
+    def match(self, contains: Any, key: Any, text: bytes, strict: bool) -> bool:
+        """Whether the item ``text`` (canonical ``key``) counts for ``contains``: ``strict``
+        for ``minContains``, loose for ``maxContains`` (``CheckPlan.matches``; memoized)."""
+        memo = (id(contains), key, strict)
         found = self._matches.get(memo)
         if found is None:
-            found = self._matches[memo] = self.plan.matches(contains, json.loads(text))
+            if len(self._matches) >= 4096:
+                self._matches.clear()
+            found = self.plan.matches(contains, json.loads(text), strict)
+            self._matches[memo] = found
         return found
 
     def closed(self, frame: Frame) -> bool:
@@ -157,6 +166,7 @@ class CheckedMatcher:
         self.scratch: torch.Tensor | None = None  # a mask row for the number look-ahead
         self._words: np.ndarray | None = None  # its memory
         self._left: dict[tuple, list[bytes]] = {}  # ``_values_left`` by array state
+        self._stuck = -1  # the position (tokens) where a row was left with nothing
         self.error: str | None = inner.error
 
     # -- following the text ------------------------------------------------------------
@@ -176,10 +186,15 @@ class CheckedMatcher:
         tokens = list(tokens)
         if not self.inner.consume(tokens):
             self.error = self.inner.error
+            if self._stuck == len(self.history):  # the end-of-sequence a dead end allowed
+                self.error = STUCK
+                logger.warning("constrained: %s; the request ends", STUCK)
             return False
         for token in tokens:
             if self.error is None and not self._advance(token):
                 self.error = "a token broke uniqueItems / contains"
+            if self.error is not None:  # one history entry per token the backend took
+                self.history.append((self.scan.copy(), len(self.text)))
         return self.error is None
 
     def try_consume(self, tokens: Sequence[int]) -> int:
@@ -232,13 +247,14 @@ class CheckedMatcher:
             refused = [t for text in repeats for t in by_prefix.get(text, ()) if _has(words, t)]
         candidates = self._candidates(words, quiet_known=repeats is not None)
         refused += [int(t) for t in candidates if not self._allows(t)]
+        refused += [t for t in self._replays(words) if self._forced_into_repeat(t)]
         if not refused:
             return
         ids = np.asarray(refused)
         np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
-        if not words.any():
-            self.error = "no token keeps uniqueItems / contains"
-            logger.warning("constrained: %s; ending the request", self.error)
+        if not words.any():  # a dead end: only end-of-sequence, which ends the request
+            # (no error here: a look-ahead fill, e.g. closing's witness walk, is undone)
+            self._stuck = len(self.history)
             fill_only(bitmask, row, [self.eos])
 
     def _candidates(self, words: np.ndarray, quiet_known: bool = False) -> np.ndarray:
@@ -247,16 +263,58 @@ class CheckedMatcher:
         scan = self.scan
         inside = scan.mode == STRING
         checked = _innermost_checked(scan)
-        if (inside and scan.escape) or (
-            checked is not None and scan.stack[checked].rules.finite is not None
-        ):
-            return _ids(words)  # after a backslash, or an enum's items: few tokens, read each
+        if checked is not None and scan.stack[checked].rules.finite is not None:
+            return _ids(words)  # an enum's items: few tokens, the look-ahead reads each
         depth = None if checked is None else scan.depth_in(checked)
         scalars = depth == 0 and not inside and scan.stack[checked].rules.unique
-        hits = words & self.reach.may_complete(inside, depth, scalars)[: len(words)]
+        escape = scan.escape if inside else 0
+        hits = words & self.reach.may_complete(inside, depth, scalars, escape)[: len(words)]
         if quiet_known:
             hits &= ~self.reach.packed_quiet()[: len(words)]
         return _ids(hits)
+
+    def _replays(self, words: np.ndarray) -> list[int]:
+        """Allowed tokens that keep the item being written (of the innermost ``uniqueItems``
+        array) a prefix of an earlier item as written, without completing it: after one of
+        them the backend may force the rest of the repeat (a closed object's ``}``, a string
+        at its ``maxLength``), which the checks would then refuse with nothing left."""
+        scan = self.scan
+        index = _innermost_checked(scan)
+        if index is None or getattr(self.inner, "forced_bytes", None) is None:
+            return []
+        frame = scan.stack[index]
+        if not frame.rules.unique or not frame.raw:
+            return []
+        top = index == len(scan.stack) - 1
+        if not top or scan.mode in (STRING, SCALAR):  # inside an item
+            written, leads = bytes(self.text[frame.item_start :]), (b"",)
+        elif scan.mode == VALUE:  # an item starts with the next token
+            written, leads = b"", (b"",)
+        else:  # after an item: the token may hold the ',' and the next one's start
+            written, leads = b"", (b",",)
+        by_bytes, found = self.reach.by_bytes, set()
+        for raw in frame.raw:
+            if len(raw) > len(written) and raw.startswith(written):
+                rest = raw[len(written) :]
+                for end in range(1, min(len(rest), MAX_PIECE)):  # a whole rest: a candidate
+                    for lead in leads:
+                        token = by_bytes.get(lead + rest[:end])
+                        if token is not None and _has(words, token):
+                            found.add(token)
+        return sorted(found)
+
+    def _forced_into_repeat(self, token: int) -> bool:
+        """After ``token``, the bytes the backend forces (llguidance names them) break a
+        check."""
+        if self.inner.try_consume([token]) != 1:
+            return False
+        try:
+            forced = self.inner.forced_bytes()[:MAX_FORCED]
+        finally:
+            self.inner.rollback(1)
+        trial = self.scan.copy()
+        written = self.pieces[token] + forced
+        return not feed(trial, written, len(self.text), self.text, self.events)
 
     def _string_repeats(self) -> set[bytes] | None:
         """Inside a string item of a ``uniqueItems`` array (the only checked array open, no
@@ -280,7 +338,7 @@ class CheckedMatcher:
         repeats = set()
         for key in frame.seen:
             if key[0] == "s":
-                seen = key[1].encode()
+                seen = key[1].encode("utf-8", "surrogatepass")  # "\ud800" written escaped
                 if seen.startswith(written):
                     repeats.add(seen[len(written) :])
         return repeats
@@ -308,24 +366,25 @@ class CheckedMatcher:
             return bool(left)
         if not top or trial.mode in (STRING, SCALAR):  # inside an item
             written = self._item_text(frame.item_start, piece)
-            return any(value.startswith(written) for value in left)
+            at = bisect.bisect_left(left, written)  # sorted: the values it starts, from here
+            return at < len(left) and left[at].startswith(written)
         return True
 
     def _values_left(self, frame: Frame) -> list[bytes]:
-        """The values (JSON bytes) of a finite item domain the next item may still take:
-        not used yet (``uniqueItems``), not one match too many (``maxContains``)."""
-        memo = (id(frame.rules), frame.seen, frame.matched)
+        """The values (JSON bytes, sorted) of a finite item domain the next item may still
+        take: not used yet (``uniqueItems``), not one match too many (``maxContains``)."""
+        memo = (id(frame.rules), frame.seen, frame.loose)
         left = self._left.get(memo)
         if left is None:
             rules = frame.rules
-            full = [c for c, n in zip(rules.contains, frame.matched, strict=True)
+            full = [c for c, n in zip(rules.contains, frame.loose, strict=True)
                     if c.at_most is not None and n >= c.at_most]  # fmt: skip
-            left = [
+            left = sorted(
                 text
                 for key, text in rules.finite
                 if not (rules.unique and key in frame.seen)
-                and not any(self.events.match(c, key, text) for c in full)
-            ]
+                and not any(self.events.match(c, key, text, strict=False) for c in full)
+            )
             if len(self._left) >= 64:  # states of the last steps only
                 self._left.clear()
             self._left[memo] = left

@@ -40,9 +40,11 @@ class Frame:
     """One open object or array.
 
     ``nodes``/``rules``: what ``CheckPlan`` says of it; ``count``: items (or members) so far;
-    ``item_start``: where the current item's text starts; ``key``: the member being
-    written; ``seen``/``matched``: ``uniqueItems``' items so far and each ``contains``' count
-    (immutable, so a copied frame shares them until it changes them).
+    ``item_start``: where the current item's text starts; ``key``: the member being written;
+    ``seen``/``raw``: ``uniqueItems``' items so far, as values and as written;
+    ``matched``/``loose``: each ``contains``' matches, judged strictly (for ``minContains``)
+    and loosely (for ``maxContains``). Immutable values, so a copied frame shares them until
+    it changes them.
     """
 
     kind: int
@@ -52,7 +54,9 @@ class Frame:
     item_start: int = -1
     key: str | None = None
     seen: frozenset = frozenset()
+    raw: tuple[bytes, ...] = ()
     matched: tuple[int, ...] = ()
+    loose: tuple[int, ...] = ()
 
 
 @dataclass
@@ -204,7 +208,8 @@ class TokenReach:
     """Per token id, read from the start of a token (``outside``: not in a string;
     ``inside``: in a string, no escape pending): ``*_low``, the lowest nesting level (0 where
     it starts, a string counting as one level) a closing quote or bracket lands on, else
-    ``NO_CLOSE``; ``*_bracket``, a ``]`` outside strings; ``outside_bare``, a byte that ends or
+    ``NO_CLOSE``; ``*_bracket``, a ``]``, or a ``[`` with more after it, outside strings (an
+    array closed, or opened and perhaps written into); ``outside_bare``, a byte that ends or
     completes a number or literal (``,``, whitespace, ``e``, ``l``) at level 0 or below
     outside strings; ``quiet_close``, a token that from inside a string closes it and then
     holds only whitespace, ``,``, ``]`` or ``}``, perhaps then the start of a string (so it
@@ -212,7 +217,9 @@ class TokenReach:
     text (decoded) before their quote; ``scalar_start``, a token of number bytes or the start
     of ``true`` / ``false`` / ``null`` (after any ``,`` and whitespace), which may start or
     extend a scalar item without completing it; ``number_next``, a token whose first
-    byte continues a number."""
+    byte continues a number; ``escaped``, ``inside_low`` and ``inside_bracket`` read from inside
+    an escape (``Scan.escape``: just after a backslash, or with hex digits of ``\\u`` to come),
+    past the bytes that finish it; ``by_bytes``, a token id for each token's bytes."""
 
     outside_low: np.ndarray
     inside_low: np.ndarray
@@ -223,19 +230,29 @@ class TokenReach:
     by_prefix: dict[bytes, list[int]]
     scalar_start: np.ndarray
     number_next: np.ndarray
+    escaped: dict[int, tuple[np.ndarray, np.ndarray]]
+    by_bytes: dict[bytes, int]
     _packed: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def may_complete(self, inside: bool, depth: int | None, scalars: bool = False) -> np.ndarray:
+    def may_complete(
+        self, inside: bool, depth: int | None, scalars: bool = False, escape: int = 0
+    ) -> np.ndarray:
         """As bitmask words (the matchers' layout), the tokens that may complete an item of
-        the array ``depth`` levels out (``None``: no array checked) or close an array, from
-        inside a string or not; with ``scalars``, also the ``scalar_start`` tokens. Built once per
-        (inside, depth, scalars)."""
-        key = (inside, depth, scalars)
+        the array ``depth`` levels out (``None``: no array checked) or close or open an array,
+        from inside a string (in an ``escape``) or not; with ``scalars``, also the
+        ``scalar_start`` tokens. Built once per (inside, depth, scalars, escape)."""
+        key = (inside, depth, scalars, escape)
         words = self._packed.get(key)
         if words is None:
-            selected = (self.inside_bracket if inside else self.outside_bracket).copy()
+            if escape:
+                low, bracket = self.escaped[escape]
+            elif inside:
+                low, bracket = self.inside_low, self.inside_bracket
+            else:
+                low, bracket = self.outside_low, self.outside_bracket
+            selected = bracket.copy()
             if depth is not None:
-                selected |= (self.inside_low if inside else self.outside_low) <= -depth
+                selected |= low <= -depth
                 if depth == 0 and not inside:
                     selected |= self.outside_bare
             if scalars:
@@ -277,6 +294,7 @@ def token_reach(pieces: list[bytes]) -> TokenReach:
     bare = np.zeros(size, bool)
     quiet = np.zeros(size, bool)
     by_prefix: dict[bytes, list[int]] = {}
+    escaped = {e: (np.full(size, NO_CLOSE, np.int16), np.zeros(size, bool)) for e in _ESCAPES}
     for token_id, piece in enumerate(pieces):
         if not _STRUCTURAL.intersection(piece):
             bare[token_id] = not _BARE.isdisjoint(piece)
@@ -291,11 +309,19 @@ def token_reach(pieces: list[bytes]) -> TokenReach:
             bracket[inside][token_id] = saw_bracket
             if not inside:
                 bare[token_id] = saw_bare
+        for escape, (escaped_low, escaped_bracket) in escaped.items():
+            skip = escape if escape > 0 else (5 if piece[:1] == b"u" else 1)
+            lowest, saw_bracket, _ = _reach(piece[skip:], True)
+            escaped_low[token_id], escaped_bracket[token_id] = lowest, saw_bracket
     scalar_start = np.array([_starts_scalar(p.lstrip(b", \t\n\r")) for p in pieces])
     number_next = np.array([p[:1] in _NUMBER_NEXT for p in pieces])
     return TokenReach(
-        low[0], low[1], bracket[0], bracket[1], bare, quiet, by_prefix, scalar_start, number_next
-    )
+        low[0], low[1], bracket[0], bracket[1], bare, quiet, by_prefix, scalar_start,
+        number_next, escaped, {p: i for i, p in reversed(list(enumerate(pieces))) if p},
+    )  # fmt: skip
+
+
+_ESCAPES = (-1, 1, 2, 3, 4)  # ``Scan.escape`` values inside a string: after "\\", hex to come
 
 
 _LITERALS = (b"true", b"false", b"null")
@@ -338,7 +364,8 @@ def _quiet_prefix(piece: bytes) -> bytes | None:
 
 def _reach(piece: bytes, inside: bool) -> tuple[int, bool, bool]:
     depth, lowest, saw_bracket, saw_bare, escape = 0, NO_CLOSE, False, False, False
-    for byte in piece:
+    last = len(piece) - 1
+    for at, byte in enumerate(piece):
         if inside:
             if escape:
                 escape = False
@@ -350,6 +377,7 @@ def _reach(piece: bytes, inside: bool) -> tuple[int, bool, bool]:
             continue
         if byte in (0x5B, 0x7B):
             depth += 1
+            saw_bracket = saw_bracket or (byte == 0x5B and at < last)  # may open and write
         elif byte in (0x5D, 0x7D):
             depth -= 1
             lowest = min(lowest, depth)

@@ -126,6 +126,12 @@ class LLGuidanceMatcher:
         """The tokens the grammar forces next (llguidance's fast-forward tokens)."""
         return list(self.inner.compute_ff_tokens()) if self.error is None else []
 
+    def forced_bytes(self) -> bytes:
+        """The bytes the grammar forces next, whichever tokens write them (llguidance's
+        fast-forward bytes: ``"`` after a string at its ``maxLength``, though ``"``, ``",``
+        and ``"]`` are all tokens that may write it)."""
+        return bytes(self.inner.compute_ff_bytes()) if self.error is None else b""
+
     @staticmethod
     def fill_many(pairs: list[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor) -> None:
         """Fill several rows in llguidance's thread pool, without the GIL."""
