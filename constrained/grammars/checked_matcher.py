@@ -33,12 +33,13 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.array_checks import CheckPlan, canonical_text, plan_checks
+from constrained.grammars.array_checks import CheckPlan, canonical, canonical_text, plan_checks
 from constrained.grammars.json_scan import (
     ARRAY,
     SCALAR,
@@ -352,7 +353,25 @@ class CheckedMatcher:
         piece = self.pieces[token]
         if not feed(trial, piece, len(self.text), self.text, self.events):
             return False
-        return self._unused_value_ahead(trial, piece) and self._number_goes_on(trial, token)
+        return (
+            self._unused_value_ahead(trial, piece)
+            and self._number_goes_on(trial, token)
+            and not (self._replaying(trial, piece) and self._forced_into_repeat(token))
+        )
+
+    def _replaying(self, trial: Scan, piece: bytes) -> bool:
+        """After ``piece``, the item being written (of the innermost ``uniqueItems`` array)
+        is a proper prefix of an earlier item as written (``_replays``' test, for a token
+        that also completed something, as ``","+`` after ``["+`` does)."""
+        index = _innermost_checked(trial)
+        if index is None or getattr(self.inner, "forced_bytes", None) is None:
+            return False
+        frame = trial.stack[index]
+        in_item = index < len(trial.stack) - 1 or trial.mode in (STRING, SCALAR)
+        if not frame.rules.unique or not frame.raw or not in_item:
+            return False
+        written = self._item_text(frame.item_start, piece)
+        return any(len(raw) > len(written) and raw.startswith(written) for raw in frame.raw)
 
     def _unused_value_ahead(self, trial: Scan, piece: bytes) -> bool:
         index = _innermost_checked(trial)
@@ -396,7 +415,8 @@ class CheckedMatcher:
         """After ``token``, a scalar item of a ``uniqueItems`` array being written: a literal
         that repeats an earlier item is refused at its first letter; a number that would
         repeat one if it ended there is allowed only where the backend lets it go on (a
-        digit, ``.``, an exponent), else refused now (its only way on would be the repeat)."""
+        digit, ``.``, an exponent), else refused now (its only way on would be the repeat);
+        in its exponent, a 0 or an infinity stays one, so repeating it is refused there."""
         index = _innermost_checked(trial)
         if index is None or index != len(trial.stack) - 1 or trial.mode != SCALAR:
             return True
@@ -407,10 +427,17 @@ class CheckedMatcher:
         if trial.literal:  # true / false / null: decided by their first letter
             return canonical_text(_LITERAL_OF[written[0]]) not in frame.seen
         try:
-            repeat = canonical_text(written) in frame.seen
-        except ValueError:  # not a number yet ("-", "1e")
-            return True
-        if not repeat:
+            value = json.loads(written)
+        except ValueError:  # not a number yet ("-", "1e", "0e+")
+            value = None
+        lower = written.lower()
+        if b"e" in lower:  # in the exponent, 0 and infinity stay what they are
+            head = lower.split(b"e")[0]
+            if head.strip(b"-").strip(b"0.") == b"":  # a zero mantissa: 0 whatever comes
+                value = 0
+            if value is not None and (value == 0 or math.isinf(value)):
+                return canonical(value) not in frame.seen
+        if value is None or canonical(value) not in frame.seen:
             return True
         if self.inner.try_consume([token]) != 1:
             return True

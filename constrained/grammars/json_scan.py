@@ -205,21 +205,22 @@ def _close(scan: Scan, at: int, events: Events, ended: Any) -> bool:
 
 @dataclass(frozen=True)
 class TokenReach:
-    """Per token id, read from the start of a token (``outside``: not in a string;
-    ``inside``: in a string, no escape pending): ``*_low``, the lowest nesting level (0 where
-    it starts, a string counting as one level) a closing quote or bracket lands on, else
-    ``NO_CLOSE``; ``*_bracket``, a ``]``, or a ``[`` with more after it, outside strings (an
-    array closed, or opened and perhaps written into); ``outside_bare``, a byte that ends or
-    completes a number or literal (``,``, whitespace, ``e``, ``l``) at level 0 or below
-    outside strings; ``quiet_close``, a token that from inside a string closes it and then
-    holds only whitespace, ``,``, ``]`` or ``}``, perhaps then the start of a string (so it
-    completes one string and no other value), and ``by_prefix``, those tokens by the string
-    text (decoded) before their quote; ``scalar_start``, a token of number bytes or the start
-    of ``true`` / ``false`` / ``null`` (after any ``,`` and whitespace), which may start or
-    extend a scalar item without completing it; ``number_next``, a token whose first
-    byte continues a number; ``escaped``, ``inside_low`` and ``inside_bracket`` read from inside
-    an escape (``Scan.escape``: just after a backslash, or with hex digits of ``\\u`` to come),
-    past the bytes that finish it; ``by_bytes``, a token id for each token's bytes."""
+    """Per token id, read from the start of a token (``outside``: not in a string; ``inside``: in a
+    string, no escape pending): ``*_low``, the lowest nesting level (0 where it starts, a
+    string counting as one level) a closing quote or bracket lands on, else ``NO_CLOSE``;
+    ``*_bracket``, a ``]``, or a ``[`` with more after it, outside strings (an array closed,
+    or opened and perhaps written into); ``outside_bare``, a byte that ends or completes a
+    number or literal (``,``, whitespace, ``e``, ``l``) at level 0 or below outside strings;
+    ``quiet_close``, a token that from inside a string closes it and then holds only
+    whitespace, ``,``, ``]`` or ``}``, perhaps then a quote opening a string (so it
+    completes one string and writes nothing of another value), and ``by_prefix``, those
+    tokens by the string text (decoded) before their quote; ``scalar_start``, a token of
+    number bytes or the start of ``true`` / ``false`` / ``null`` (after any ``,`` and
+    whitespace), which may start or extend a scalar item without completing it;
+    ``number_next``, a token whose first byte continues a number; ``escaped``,
+    ``inside_low`` and ``inside_bracket`` read from inside an escape (``Scan.escape``: just
+    after a backslash, or with hex digits of ``\\u`` to come), past the bytes that finish
+    it; ``by_bytes``, a token id for each token's bytes."""
 
     outside_low: np.ndarray
     inside_low: np.ndarray
@@ -337,8 +338,8 @@ _QUIET_TAIL = frozenset(b" \t\n\r,]}")
 
 def _quiet_prefix(piece: bytes) -> bytes | None:
     """For a token that, read inside a string, closes it and then holds only ``_QUIET_TAIL``
-    bytes (and perhaps the start of the next string: a quote, then no quote): the string text
-    before the quote, decoded (UTF-8 bytes); else ``None``."""
+    bytes (and perhaps, last, the quote opening the next string): the string text before
+    the quote, decoded (UTF-8 bytes); else ``None``."""
     escape = False
     for at, byte in enumerate(piece):
         if escape:
@@ -348,7 +349,7 @@ def _quiet_prefix(piece: bytes) -> bytes | None:
         elif byte == 0x22:
             tail = piece[at + 1 :]
             opens = tail.find(b'"')
-            if opens >= 0 and 0x22 in tail[opens + 1 :]:
+            if opens >= 0 and tail[opens + 1 :]:  # text of the next item: followed in full
                 return None
             if not _QUIET_TAIL.issuperset(tail if opens < 0 else tail[:opens]):
                 return None
