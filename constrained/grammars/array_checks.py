@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -364,8 +365,6 @@ def _values_within(schema: dict) -> list[Any] | None:
 
 def _bound(schema: dict, inclusive: str, exclusive: str) -> int | None:
     """The integer bound ``schema`` sets on one side (the tighter of the two keywords)."""
-    import math
-
     lower = inclusive == "minimum"
     found = []
     for key, shift in ((inclusive, 0), (exclusive, 1)):

@@ -288,8 +288,7 @@ class CheckedMatcher:
         frame = scan.stack[index]
         if not frame.rules.unique or not frame.raw:
             return []
-        top = index == len(scan.stack) - 1
-        if not top or scan.mode in (STRING, SCALAR):  # inside an item
+        if scan.in_item(index):
             written, leads = bytes(self.text[frame.item_start :]), (b"",)
         elif scan.mode == VALUE:  # an item starts with the next token
             written, leads = b"", (b"",)
@@ -353,42 +352,39 @@ class CheckedMatcher:
         piece = self.pieces[token]
         if not feed(trial, piece, len(self.text), self.text, self.events):
             return False
+        index = _innermost_checked(trial)  # the array the look-aheads are about
+        if index is None:
+            return True
         return (
-            self._unused_value_ahead(trial, piece)
-            and self._number_goes_on(trial, token)
-            and not (self._replaying(trial, piece) and self._forced_into_repeat(token))
+            self._unused_value_ahead(trial, index, piece)
+            and self._number_goes_on(trial, index, token)
+            and not (self._replaying(trial, index, piece) and self._forced_into_repeat(token))
         )
 
-    def _replaying(self, trial: Scan, piece: bytes) -> bool:
+    def _replaying(self, trial: Scan, index: int, piece: bytes) -> bool:
         """After ``piece``, the item being written (of the innermost ``uniqueItems`` array)
         is a proper prefix of an earlier item as written (``_replays``' test, for a token
         that also completed something, as ``","+`` after ``["+`` does)."""
-        index = _innermost_checked(trial)
-        if index is None or getattr(self.inner, "forced_bytes", None) is None:
+        if getattr(self.inner, "forced_bytes", None) is None:
             return False
         frame = trial.stack[index]
-        in_item = index < len(trial.stack) - 1 or trial.mode in (STRING, SCALAR)
-        if not frame.rules.unique or not frame.raw or not in_item:
+        if not frame.rules.unique or not frame.raw or not trial.in_item(index):
             return False
         written = self._item_text(frame.item_start, piece)
         return any(len(raw) > len(written) and raw.startswith(written) for raw in frame.raw)
 
-    def _unused_value_ahead(self, trial: Scan, piece: bytes) -> bool:
-        index = _innermost_checked(trial)
-        if index is None:
-            return True
+    def _unused_value_ahead(self, trial: Scan, index: int, piece: bytes) -> bool:
         frame = trial.stack[index]
         finite = frame.rules.finite
         if finite is None:
             return True
         left = self._values_left(frame)
-        top = index == len(trial.stack) - 1
-        if top and trial.mode == VALUE and frame.count:  # after a ',': an item must come
-            return bool(left)
-        if not top or trial.mode in (STRING, SCALAR):  # inside an item
+        if trial.in_item(index):
             written = self._item_text(frame.item_start, piece)
             at = bisect.bisect_left(left, written)  # sorted: the values it starts, from here
             return at < len(left) and left[at].startswith(written)
+        if index == len(trial.stack) - 1 and trial.mode == VALUE and frame.count:
+            return bool(left)  # after a ',': an item must come
         return True
 
     def _values_left(self, frame: Frame) -> list[bytes]:
@@ -411,14 +407,13 @@ class CheckedMatcher:
             self._left[memo] = left
         return left
 
-    def _number_goes_on(self, trial: Scan, token: int) -> bool:
+    def _number_goes_on(self, trial: Scan, index: int, token: int) -> bool:
         """After ``token``, a scalar item of a ``uniqueItems`` array being written: a literal
         that repeats an earlier item is refused at its first letter; a number that would
         repeat one if it ended there is allowed only where the backend lets it go on (a
         digit, ``.``, an exponent), else refused now (its only way on would be the repeat);
         in its exponent, a 0 or an infinity stays one, so repeating it is refused there."""
-        index = _innermost_checked(trial)
-        if index is None or index != len(trial.stack) - 1 or trial.mode != SCALAR:
+        if index != len(trial.stack) - 1 or trial.mode != SCALAR:
             return True
         frame = trial.stack[index]
         if not frame.rules.unique:

@@ -74,6 +74,11 @@ class Scan:
         frames = [Frame(**vars(f)) for f in self.stack]
         return Scan(frames, self.mode, self.in_key, self.escape, self.start, self.literal)
 
+    def in_item(self, frame_index: int) -> bool:
+        """Whether an item of the array at ``frame_index`` is being written (a container,
+        string or scalar open inside it)."""
+        return frame_index < len(self.stack) - 1 or self.mode in (STRING, SCALAR)
+
     def depth_in(self, frame_index: int) -> int:
         """Levels (containers, a string) open inside the frame at ``frame_index``."""
         return len(self.stack) - 1 - frame_index + (self.mode == STRING)
