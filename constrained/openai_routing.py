@@ -277,7 +277,7 @@ def check_tools(
     Raises:
         OptionError: naming ``tools``, the tool and the keyword.
     """
-    from constrained.grammars.errors import GrammarError
+    from constrained.errors import GrammarError
     from constrained.grammars.xgrammar_backend import check_tool_parameters
 
     styles = tool_parser_styles(tool_parser)

@@ -228,7 +228,7 @@ class Options(BaseModel):
     @field_validator("json_schema", mode="before")
     @classmethod
     def _parse_schema(cls, value: Any) -> Any:
-        from constrained.grammars.schema_input import schema_text
+        from constrained.schema.user_input import schema_text
 
         return schema_text(value)
 

@@ -210,7 +210,7 @@ class Request:
 def load_schemas(count: int, seed: int, tokenizer_dir: str) -> list[dict]:
     """``count`` MaskBench schemas that ``auto`` admits (compiled here, as the server would)."""
     from constrained.grammars import GrammarError, GrammarSpec, compile_now, load_vocab
-    from constrained.grammars.schema_input import schema_text
+    from constrained.schema.user_input import schema_text
 
     files = sorted(MASKBENCH.glob("*.json")) if MASKBENCH.is_dir() else []
     random.Random(seed).shuffle(files)

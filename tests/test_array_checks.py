@@ -13,12 +13,12 @@ import pytest
 from jsonschema import validators
 
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
-from constrained.grammars.array_checks import canonical, canonical_text, plan_checks
 from constrained.grammars.checked_matcher import CheckedGrammar
 from constrained.grammars.closing import allowed_ids, find_witness
 from constrained.grammars.compiler import GrammarCompiler
-from constrained.grammars.json_scan import Recorder, Scan, feed
 from constrained.grammars.store import GrammarStore
+from constrained.schema.array_checks import canonical, canonical_text, plan_checks
+from constrained.schema.json_scan import Recorder, Scan, feed
 from tests.test_schema_rewrite import walked_suite_groups
 from tests.test_schema_suite import WIDTH
 from tests.walker import Walker
@@ -346,7 +346,7 @@ def test_escaped_surrogates_do_not_break_the_check(walker):
 
 
 def test_a_token_that_opens_an_array_and_writes_in_it_is_followed():
-    from constrained.grammars.json_scan import token_reach
+    from constrained.schema.json_scan import token_reach
 
     reach = token_reach([b"[1,", b"[", b"a", b'"]'])
     assert reach.outside_bracket.tolist() == [True, False, False, False]

@@ -20,9 +20,9 @@ from constrained.grammars.auto import compile_with
 from constrained.grammars.cache import CompileCache
 from constrained.grammars.regex_size import regex_size_problem
 from constrained.grammars.registry import BACKEND_NAMES, BACKENDS, get_backend
-from constrained.grammars.schema_input import schema_text
-from constrained.grammars.schema_walk import iter_subschemas, resolve_pointer
 from constrained.grammars.size_guard import refuse_huge_regexes
+from constrained.schema.user_input import schema_text
+from constrained.schema.walk import iter_subschemas, resolve_pointer
 
 
 @pytest.fixture
@@ -136,10 +136,13 @@ def test_schema_walk_pointers():
     assert resolve_pointer(schema, "#/missing") is None
 
 
-def test_schema_walk_imports_no_backend_and_no_vllm():
+def test_schema_package_imports_no_backend_and_no_vllm():
+    """``constrained.schema`` is pure: every module of it imports no backend, vLLM or torch."""
     heavy = ("vllm", "torch", "xgrammar", "llguidance", "outlines_core")
     code = (
-        "import sys, constrained.grammars.schema_walk; "
+        "import sys, pkgutil, importlib, constrained.schema as s\n"
+        "for m in pkgutil.iter_modules(s.__path__, 'constrained.schema.'):\n"
+        "    importlib.import_module(m.name)\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

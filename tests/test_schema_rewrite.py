@@ -21,9 +21,9 @@ import pytest
 from jsonschema import FormatChecker, validators
 
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
-from constrained.grammars.schema_negation import apart, disjoint, negate, strings_other_than
-from constrained.grammars.schema_rewrite import FORMAT_PATTERNS, rewrite_schema
-from constrained.grammars.schema_walk import map_subschemas
+from constrained.schema.negation import apart, disjoint, negate, strings_other_than
+from constrained.schema.rewrite import FORMAT_PATTERNS, rewrite_schema
+from constrained.schema.walk import map_subschemas
 from tests.soak import MASKBENCH
 from tests.test_schema_suite import SUITE, WIDTH
 from tests.walker import Walker

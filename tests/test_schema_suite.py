@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from constrained.grammars import GrammarError, GrammarSpec, compile_now
-from constrained.grammars.schema_walk import json_type
+from constrained.schema.walk import json_type
 from tests.walker import Walker
 
 SUITE = (
@@ -138,7 +138,7 @@ def load_groups() -> list[Group]:
 
 def typed(group: Group) -> Group | None:
     """The group with the one ``type`` its root keywords imply, keeping that type's tests."""
-    from constrained.grammars.allow_list import TYPE_OF_KEYWORD
+    from constrained.schema.allow_list import TYPE_OF_KEYWORD
 
     schema = group.schema
     if not isinstance(schema, dict) or "type" in schema:

@@ -1,5 +1,9 @@
 """Grammar compilation and backends: JSON schema, regex and grammar constraints as token masks.
 
+The JSON-Schema algebra (walking, negation, rewriting, allow-lists, array-check planning, the
+JSON scanner, schema input) is the sibling package ``constrained.schema``; ``GrammarError``
+is ``constrained.errors``.
+
 ``GrammarSpec`` says what to match; ``compile_now`` / ``GrammarCompiler`` turn it into a
 compiled grammar of one backend (llguidance, xgrammar, outlines-core), whose ``matcher()``
 follows one request and fills its next-token bitmask.
@@ -7,15 +11,11 @@ follows one request and fills its next-token bitmask.
 Modules:
 
 - ``spec``: ``GrammarSpec``, the constraint (and compile-cache key).
-- ``errors``: ``GrammarError``, the one error a constraint gets.
 - ``vocab``: ``Vocab``, the tokenizer in each backend's form.
 - ``matcher``: the ``Matcher`` interface and bitmask helpers.
-- ``schema_input``: user input to checked JSON-schema text; ``close_objects``.
-- ``schema_walk``: JSON-Schema walking: subschemas, ``$ref`` pointers, types.
-- ``schema_rewrite``: keywords no backend enforces, rewritten exactly into ones they do.
-- ``schema_negation``: exact negation and disjointness of schemas (``negate``, ``apart``).
 - ``backend``: ``Backend``, what a backend plugs in.
-- ``allow_list``: ``AllowList``, refusals for backends that ignore what they do not enforce.
+- ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``).
+- ``closing``: witness walks, finishing inside a token budget.
 - ``llguidance_backend``, ``xgrammar_backend``, ``outlines_backend``: one backend each.
 - ``registry``: the backends in ``auto`` order, ``BACKEND_NAMES``, ``get_backend``.
 - ``auto``: which backend compiles a spec.
@@ -26,8 +26,8 @@ Modules:
 - ``store``: ``GrammarStore``, compiled grammars on disk: admission saves, the engine loads.
 """
 
+from constrained.errors import GrammarError
 from constrained.grammars.compiler import GrammarCompiler, compile_now, compiler_for
-from constrained.grammars.errors import GrammarError
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab, load_vocab
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from constrained.grammars.array_checks import plan_checks
+from constrained.errors import GrammarError
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.checked_matcher import CheckedGrammar
-from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import BACKENDS, get_backend
-from constrained.grammars.schema_rewrite import first_enforced
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
+from constrained.schema.array_checks import plan_checks
+from constrained.schema.rewrite import first_enforced
 
 
 def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from constrained.grammars.errors import GrammarError
+    from constrained.errors import GrammarError
     from constrained.grammars.matcher import Matcher
     from constrained.grammars.spec import GrammarSpec
     from constrained.grammars.vocab import Vocab
@@ -83,7 +83,7 @@ class Backend:
     def refuse_unenforced(self, schema: Any, where: str = "") -> None:
         """Raise ``GrammarError`` naming the first keyword of ``schema`` (parsed) this backend
         would not enforce, if any; ``where``: the schema's place in a larger constraint."""
-        from constrained.grammars.errors import GrammarError
+        from constrained.errors import GrammarError
 
         found = self.refusal(schema)
         if found:

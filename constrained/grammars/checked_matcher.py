@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.array_checks import CheckPlan, canonical, canonical_text, plan_checks
-from constrained.grammars.json_scan import (
+from constrained.grammars.matcher import Matcher, fill_only, words_for
+from constrained.schema.array_checks import CheckPlan, canonical, canonical_text, plan_checks
+from constrained.schema.json_scan import (
     ARRAY,
     SCALAR,
     STRING,
@@ -51,7 +52,6 @@ from constrained.grammars.json_scan import (
     feed,
     token_reach,
 )
-from constrained.grammars.matcher import Matcher, fill_only, words_for
 
 if TYPE_CHECKING:
     import torch

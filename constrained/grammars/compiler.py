@@ -28,17 +28,17 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from constrained.errors import GrammarError
 from constrained.grammars.auto import compile_auto, compile_with
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.cache import CompileCache
 from constrained.grammars.checked_matcher import unwrapped, with_checks
-from constrained.grammars.errors import GrammarError
 from constrained.grammars.registry import AUTO, BACKENDS, get_backend
-from constrained.grammars.schema_input import close_objects
 from constrained.grammars.size_guard import refuse_huge_regexes
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.store import GrammarStore, store_key
 from constrained.grammars.vocab import Vocab
+from constrained.schema.user_input import close_objects
 from constrained.settings import settings
 
 logger = logging.getLogger(__name__)

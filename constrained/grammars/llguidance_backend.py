@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
-from constrained.grammars.errors import GrammarError
 
 if TYPE_CHECKING:
     import torch

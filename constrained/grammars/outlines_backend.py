@@ -25,10 +25,10 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from constrained.grammars.allow_list import AllowList
+from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
-from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
+from constrained.schema.allow_list import AllowList
 
 if TYPE_CHECKING:
     import torch

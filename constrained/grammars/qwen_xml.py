@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from constrained.grammars.errors import GrammarError
-from constrained.grammars.schema_negation import kinds_of
-from constrained.grammars.schema_walk import ANNOTATIONS
+from constrained.errors import GrammarError
+from constrained.schema.negation import kinds_of
+from constrained.schema.walk import ANNOTATIONS
 
 PARAMETER_CLOSE = "\n</parameter>"  # what ends a parameter's value
 # Keywords a parameters object may have (besides annotations): the rest would constrain

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 
-from constrained.grammars.errors import GrammarError
+from constrained.errors import GrammarError
 from constrained.grammars.regex_size import regex_size_problem
-from constrained.grammars.schema_walk import iter_subschemas
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.structural_tag import SCHEMA_FORMATS, parts
+from constrained.schema.walk import iter_subschemas
 
 
 def refuse_huge_regexes(spec: GrammarSpec) -> None:

@@ -102,7 +102,7 @@ def checked_structural_tag(value: Any) -> str:
     Raises:
         ValueError: what is wrong, and where.
     """
-    from constrained.grammars.schema_input import schema_text
+    from constrained.schema.user_input import schema_text
 
     tag = parse_structural_tag(value)
 

@@ -30,14 +30,14 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from constrained.grammars.allow_list import AllowList
+from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
-from constrained.grammars.errors import GrammarError
 from constrained.grammars.matcher import fill_only
 from constrained.grammars.qwen_xml import xml_parameters
-from constrained.grammars.schema_input import close_objects
-from constrained.grammars.schema_rewrite import first_enforced
 from constrained.grammars.structural_tag import literals, map_schemas
+from constrained.schema.allow_list import AllowList
+from constrained.schema.rewrite import first_enforced
+from constrained.schema.user_input import close_objects
 
 if TYPE_CHECKING:
     import torch

@@ -37,9 +37,9 @@ from typing import Any
 
 from jsonschema import validators
 
-from constrained.grammars.errors import GrammarError
-from constrained.grammars.schema_negation import conjuncts, values_of
-from constrained.grammars.schema_walk import (
+from constrained.errors import GrammarError
+from constrained.schema.negation import conjuncts, values_of
+from constrained.schema.walk import (
     iter_subschemas,
     nested_resources,
     reachable_subschemas,

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from constrained.grammars.schema_negation import disjoint
-from constrained.grammars.schema_walk import (
+from constrained.schema.negation import disjoint
+from constrained.schema.walk import (
     VALIDATION_KEYWORDS,
     is_int,
     is_number,

@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from constrained.grammars.schema_walk import (
+from constrained.schema.walk import (
     ANNOTATIONS,
     VALIDATION_KEYWORDS,
     is_number,

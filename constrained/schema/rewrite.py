@@ -46,8 +46,8 @@ from typing import Any, TypeVar
 
 from jsonschema import validators
 
-from constrained.grammars.errors import GrammarError
-from constrained.grammars.schema_negation import (
+from constrained.errors import GrammarError
+from constrained.schema.negation import (
     KINDS,
     all_of,
     any_of,
@@ -61,7 +61,7 @@ from constrained.grammars.schema_negation import (
     type_of,
     values_of,
 )
-from constrained.grammars.schema_walk import (
+from constrained.schema.walk import (
     ANNOTATIONS,
     VALIDATION_KEYWORDS,
     escape_pointer,

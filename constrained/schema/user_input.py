@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from constrained.grammars.schema_walk import iter_subschemas, local_refs, resolve_pointer
+from constrained.schema.walk import iter_subschemas, local_refs, resolve_pointer
 from constrained.settings import settings
 
 MAX_SCHEMA_BYTES_ENV = "CONSTRAINED_MAX_SCHEMA_BYTES"
