@@ -1,8 +1,10 @@
 """Admission: every check a request's options get before a processor applies them, in one place.
 
-Three callers, one answer: each processor's ``validate_params`` (vLLM's frontend, per request),
-the streaming middleware (``stream_checks``, before the HTTP 200), and the engine-side add
-(``options_for_engine``, which only parses: admission already refused what is bad).
+Three callers, one answer: each processor's ``validate_params`` (vLLM's frontend, per request:
+vLLM calls it once per registered class, and the first call's outcome answers the others, see
+``validate_at_admission``), the streaming middleware (``stream_checks``, before the HTTP 200),
+and the engine-side add (``options_for_engine``, which only parses: admission already refused
+what is bad).
 
 A request is refused (``OptionError``, a ``ValueError`` naming the field: HTTP 400 from the
 server, an exception from ``LLM.generate`` offline) when an option is invalid or unknown, set
@@ -14,11 +16,15 @@ does not compile in time with the served tokenizer.
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 import difflib
 import importlib
-import inspect
+import sys
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
+from types import FrameType
 from typing import Any
 
 from constrained.options import VLLM_OCR_ALIASES, OptionError, Options
@@ -44,18 +50,30 @@ def input_processor_at_admission() -> Any:
         AdmissionUnavailable: no ``InputProcessor`` within a few frames (vLLM changed how it
             calls ``validate_params``, or it was called outside vLLM's admission).
     """
+    caller = sys._getframe(1)
+    try:
+        return _find_input_processor(caller)[0]
+    finally:
+        del caller
+
+
+def _find_input_processor(frame: FrameType | None) -> tuple[Any, int]:
+    """The ``InputProcessor`` at or above ``frame``, and how many frames above it sits.
+
+    Raises:
+        AdmissionUnavailable: as ``input_processor_at_admission``.
+    """
     from vllm.config import ModelConfig
     from vllm.v1.engine.input_processor import InputProcessor
 
-    frame = inspect.currentframe()
     try:
-        for _ in range(_MAX_FRAMES):
-            frame = frame.f_back if frame else None
+        for depth in range(_MAX_FRAMES):
             if frame is None:
                 break
             owner = frame.f_locals.get("self")
             if isinstance(owner, InputProcessor) and isinstance(owner.model_config, ModelConfig):
-                return owner
+                return owner, depth
+            frame = frame.f_back
     finally:
         del frame
     raise AdmissionUnavailable(
@@ -64,6 +82,16 @@ def input_processor_at_admission() -> Any:
         "This vLLM version calls logits-processor validation differently from 0.32/0.33; "
         "please report it with your vLLM version."
     )
+
+
+def _self_at(frame: FrameType | None, depth: int) -> Any:
+    """The ``self`` of the frame ``depth`` frames above ``frame`` (one frame read, no walk)."""
+    try:
+        for _ in range(depth):
+            frame = frame.f_back if frame is not None else None
+        return frame.f_locals.get("self") if frame is not None else None
+    finally:
+        del frame
 
 
 def loaded_tokenizer(input_processor: Any) -> Any:
@@ -250,11 +278,109 @@ def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
 
 
 def validate_at_admission(params: Any) -> None:
-    """What every processor's ``validate_params`` runs."""
-    owner = input_processor_at_admission()
+    """What every processor's ``validate_params`` runs: admission, once per request.
+
+    vLLM calls ``validate_params`` once per registered class (nine for
+    ``constrained.LOGITS_PROCESSORS``), back to back, with the same params object. The first
+    call runs the admission (find vLLM's ``InputProcessor`` on the stack, ``prepare_request``,
+    parse, registration check, compile) and remembers its outcome on the params object (by
+    identity, held); the other calls return it, or raise the same refusal again, without
+    walking the stack or compiling (they read one frame, to see it is the same engine).
+
+    Reuse is safe because an outcome answers only the request it was decided for. It is
+    reused when the params object is the same one, unchanged since its admission (compared
+    with a copy taken after it, so ``prepare_request``'s own writes do not count as a change
+    and the 2nd..9th call match; the caller changing any field does, and is admitted anew),
+    admitted by the same engine (vLLM allows one params object to be shared across engines),
+    under the same ``settings()``. ``LLM.generate`` with one ``SamplingParams`` for many
+    prompts validates that one object once per prompt (vLLM clones it only after
+    validation, ``entrypoints/common/offline.py``: ``[params] * num_requests``): each prompt
+    gets the same verdict, admission runs once for all of them, and a refusal is raised for
+    each. A refusal for a compile that ran out of time is not
+    remembered: a later try may find the compile done.
+
+    Raises:
+        OptionError: the request's first problem, naming the option.
+        AdmissionUnavailable: not called from vLLM's admission.
+    """
+    caller = sys._getframe(1)
+    try:
+        entry = _admissions.get(params)
+        current = entry is not None and entry.answers(params)
+        if current and entry.engine_is(_self_at(caller, entry.depth)):
+            entry.reraise()
+            return
+        owner, depth = _find_input_processor(caller)
+    finally:
+        del caller
+    if current and entry.engine_is(owner):
+        entry.reraise()
+        return
+    try:
+        _admit_once(params, owner)
+    except OptionError as exc:
+        _remember(params, owner, depth, exc)
+        raise
+    _remember(params, owner, depth, None)
+
+
+def _admit_once(params: Any, owner: Any) -> None:
+    """The admission itself, for one request on the engine of vLLM's ``InputProcessor``."""
     tokenizer = loaded_tokenizer(owner)
     prepare_request(params, getattr(owner, "vllm_config", None), tokenizer)
     admit(params, owner.model_config, tokenizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Admitted:
+    """One request's admission outcome, and what it was decided for."""
+
+    snapshot: Any  # a copy of the params just after admission (prepare_request's writes in)
+    engine: weakref.ref[Any]  # the InputProcessor (weak: the memo keeps no engine alive)
+    depth: int  # how far above validate_params's caller it sat on the stack
+    settings_seen: Any  # settings() then (a reset() reads the environment again)
+    refusal: OptionError | None  # raised again as a copy (no traceback kept)
+
+    def answers(self, params: Any) -> bool:
+        try:
+            return self.settings_seen is settings() and bool(params == self.snapshot)
+        except Exception:  # an uncomparable field: admit anew
+            return False
+
+    def engine_is(self, owner: Any) -> bool:
+        return owner is not None and owner is self.engine()
+
+    def reraise(self) -> None:
+        if self.refusal is not None:
+            raise _copy_error(self.refusal)
+
+
+def _copy_error(error: OptionError) -> OptionError:
+    """The same refusal (type, message, field) as a new exception, without a traceback."""
+    copied = type(error).__new__(type(error), *error.args)
+    copied.args = error.args
+    copied.__dict__.update(error.__dict__)
+    return copied
+
+
+def _remember(params: Any, owner: Any, depth: int, refusal: OptionError | None) -> None:
+    from constrained.grammars.compiler import COMPILE_TIMEOUT_ENV
+
+    if refusal is not None and COMPILE_TIMEOUT_ENV in getattr(refusal, "reason", ""):
+        _admissions.discard(params)  # ran out of time: the next try may find it compiled
+        return
+    try:
+        entry = _Admitted(
+            snapshot=copy.deepcopy(params),
+            engine=weakref.ref(owner),
+            depth=depth,
+            settings_seen=settings(),
+            refusal=None if refusal is None else _copy_error(refusal),
+        )
+    except Exception:  # params that cannot be copied, an engine without weak references
+        _admissions.discard(params)
+        return
+    _admissions.put(params, entry)
 
 
 def prepare_request(params: Any, vllm_config: Any, tokenizer: Any = None) -> None:
@@ -305,8 +431,27 @@ def check_xargs(
 
 
 def options_for_engine(params: Any, logits_width: int) -> Options | None:
-    """The engine-side parse of a request admission already checked (cached per params)."""
-    return options_from_params(params, logits_width=logits_width)
+    """The engine-side parse of a request admission already checked.
+
+    The engine adds a request to each registered processor in turn, with the same params
+    object (its own copy: vLLM clones the caller's after admission), so the parse is
+    remembered per params object and width, and each request is parsed once per engine.
+
+    Raises:
+        OptionError: as ``options_from_params`` (admission refused it already).
+    """
+    hit = _engine_parses.get(params)
+    if hit is not None and hit[0] == logits_width:
+        result = hit[1]
+    else:
+        try:
+            result = options_from_params(params, logits_width=logits_width)
+        except OptionError as exc:
+            result = _copy_error(exc)
+        _engine_parses.put(params, (logits_width, result))
+    if isinstance(result, OptionError):
+        raise _copy_error(result)
+    return result
 
 
 # ---- parsing a request ------------------------------------------------------------------------
@@ -361,40 +506,63 @@ _BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
 }
 
 
-# vLLM validates a request once per registered processor class, back to back, and the engine
-# adds a whole batch to each processor in turn: remember recent answers per params object
-# (held, so its id cannot be reused while cached) so each request is parsed once.
-_MEMO_SIZE = 256  # bounded: each entry holds a request's schema text
-_memo: collections.OrderedDict[int, tuple[Any, int | None, Options | OptionError | None]] = (
-    collections.OrderedDict()
-)
-_memo_lock = threading.Lock()
+class _RecentByIdentity:
+    """The answers for the ``size`` most recently used objects, each found by identity.
+
+    The object is held while its answer is, so its ``id`` cannot be reused by another one
+    meanwhile; bounded (an answer can hold a request's schema text); thread-safe.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, obj: Any) -> Any:
+        """The answer for ``obj``, or ``None``."""
+        with self._lock:
+            item = self._items.get(id(obj))
+            if item is None or item[0] is not obj:
+                return None
+            self._items.move_to_end(id(obj))
+            return item[1]
+
+    def put(self, obj: Any, answer: Any) -> None:
+        with self._lock:
+            self._items[id(obj)] = (obj, answer)
+            self._items.move_to_end(id(obj))
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def discard(self, obj: Any) -> None:
+        with self._lock:
+            item = self._items.get(id(obj))
+            if item is not None and item[0] is obj:
+                del self._items[id(obj)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_MEMO_SIZE = 256
+# Frontend: each request's admission outcome (``validate_at_admission``).
+_admissions = _RecentByIdentity(_MEMO_SIZE)
+# Engine: each request's parse (``options_for_engine``); the engine's params objects are its
+# own copies, never the ones admission saw.
+_engine_parses = _RecentByIdentity(_MEMO_SIZE)
 
 
 def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
     """Parse and check a request's ``SamplingParams``: our options, refusing double application.
 
+    Parses every time; admission (``validate_at_admission``) and the engine
+    (``options_for_engine``) remember the outcome per request.
+
     Raises:
         OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
     """
-    key = id(params)
-    with _memo_lock:
-        hit = _memo.get(key)
-    if hit is not None and hit[0] is params and hit[1] == logits_width:
-        result = hit[2]
-    else:
-        try:
-            result = _parse_params(params, logits_width)
-        except OptionError as exc:
-            result = exc
-        with _memo_lock:
-            _memo[key] = (params, logits_width, result)
-            _memo.move_to_end(key)
-            while len(_memo) > _MEMO_SIZE:
-                _memo.popitem(last=False)
-    if isinstance(result, OptionError):
-        raise result
-    return result
+    return _parse_params(params, logits_width)
 
 
 def _parse_params(params: Any, logits_width: int | None) -> Options | None:

@@ -94,6 +94,9 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Admit or refuse a request (vLLM's frontend calls this once per registered class;
+        the first call admits, the others answer from its outcome: ``validate_at_admission``).
+        """
         validate_at_admission(sampling_params)
 
     # ---- shared slot bookkeeping -------------------------------------------------------
