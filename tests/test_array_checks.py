@@ -302,26 +302,32 @@ def test_rollback_restores_the_checks(walker):
     assert fresh.error is None
 
 
-def test_a_dead_end_seen_ahead_is_undone_with_the_rollback(walker):
-    """Integers 1..2, unique, at least 3: after ``[1,2`` no token keeps the checks. A fill
-    there after ``try_consume`` (a witness walk, a draft row) allows only end-of-sequence, and
-    the rollback leaves the matcher as it was; the request ends only if that end is taken."""
-    schema = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 2},
-              "uniqueItems": True, "minItems": 3}  # fmt: skip
+def test_a_dead_end_reached_around_the_masks_writes_the_backends_row(walker):
+    """At most 4 integers 0..5, one a 5: the masks never let ``[2,1,2,1`` be written (the
+    fourth item must be the 5). Reached anyway (``try_consume`` reads no mask), the checks
+    leave nothing: the row is the backend's own (the output still parses, never a bare
+    end-of-sequence), ``stuck`` is set, and the rollback leaves the matcher as it was."""
+    schema = {"type": "array", "maxItems": 4, "contains": {"const": 5},
+              "items": {"type": "integer", "minimum": 0, "maximum": 5}}  # fmt: skip
     grammar = compiled(schema, walker)
-    eos, width = walker.vocab.eos_token_id, walker.vocab.width
-    tokens = walker.tokenizer.encode("[1,2")
+    width = walker.vocab.width
+    tokens = walker.tokenizer.encode("[2,1,2,1")
     matcher = grammar.matcher()
     assert matcher.consume(tokens[:1])
     assert matcher.try_consume(tokens[1:]) == len(tokens) - 1
     matcher.fill(walker.bitmask, 0)
-    assert allowed_ids(walker.bitmask[0], width).nonzero()[0].tolist() == [eos]
+    assert matcher.stuck
+    checked = allowed_ids(walker.bitmask[0], width).copy()
+    backend = grammar.inner.matcher()
+    assert backend.consume(tokens)
+    backend.fill(walker.bitmask, 0)
+    assert (checked == allowed_ids(walker.bitmask[0], width)).all()
     matcher.rollback(len(tokens) - 1)
+    matcher.stuck = False
+    assert matcher.consume(walker.tokenizer.encode("2,1,2,"))
     matcher.fill(walker.bitmask, 0)
-    assert allowed_ids(walker.bitmask[0], width).sum() > 1 and matcher.error is None
-    assert matcher.consume(tokens[1:])
-    matcher.fill(walker.bitmask, 0)
-    assert not matcher.consume([eos]) and matcher.error is not None
+    allowed = allowed_ids(walker.bitmask[0], width).nonzero()[0].tolist()
+    assert allowed == walker.tokenizer.encode("5") and not matcher.stuck
 
 
 def test_a_number_that_can_only_stay_a_repeat_is_refused_early(walker):

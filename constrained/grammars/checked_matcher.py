@@ -39,9 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.schema.array_checks import CheckPlan, canonical, canonical_text, plan_checks
+from constrained.grammars.matcher import Matcher, MatcherWrapper, fill_only, words_for
+from constrained.schema.array_checks import (
+    CheckPlan,
+    canonical,
+    canonical_text,
+    completable,
+    plan_checks,
+    sample_values,
+)
 from constrained.schema.json_scan import (
+    AFTER,
     ARRAY,
     SCALAR,
     STRING,
@@ -50,6 +58,7 @@ from constrained.schema.json_scan import (
     Scan,
     TokenReach,
     feed,
+    pack,
     token_reach,
 )
 
@@ -64,6 +73,8 @@ logger = logging.getLogger(__name__)
 STUCK = "no token keeps uniqueItems / contains (a dead end)"
 MAX_PIECE = 32  # bytes of a token the replay look-ahead tries
 MAX_FORCED = 256  # forced bytes it follows
+MAX_FOLLOWED = 256  # allowed tokens of a row the maxContains look-ahead follows, at most
+MAX_STATES = 256  # array states whose matching items are remembered
 
 
 def reach_of(vocab: Vocab) -> TokenReach:
@@ -133,6 +144,8 @@ class _Checks:
                     if contains.at_most is not None and loose[i] > contains.at_most:
                         return False
                     strict[i] += self.match(contains, key, text, strict=True)
+            if not completable(frame.count + 1, rules, tuple(strict), tuple(loose)):
+                return False  # the matches still needed no longer fit in maxItems
             frame.matched, frame.loose = tuple(strict), tuple(loose)
         return True
 
@@ -153,11 +166,12 @@ class _Checks:
         return all(n >= contains.at_least for n, contains in pairs)
 
 
-class CheckedMatcher:
+class CheckedMatcher(MatcherWrapper):
     """One request: the backend's matcher, the JSON text so far and the checks' state."""
 
     def __init__(self, inner: Matcher, plan: CheckPlan, vocab: Vocab) -> None:
-        self.inner = inner
+        super().__init__(inner)
+        self.plan = plan
         self.pieces = vocab.token_bytes()
         self.width = vocab.width
         self.eos = vocab.eos_token_id
@@ -169,8 +183,11 @@ class CheckedMatcher:
         self.scratch: torch.Tensor | None = None  # a mask row for the number look-ahead
         self._words: np.ndarray | None = None  # its memory
         self._left: dict[tuple, list[bytes]] = {}  # ``_values_left`` by array state
-        self._stuck = -1  # the position (tokens) where a row was left with nothing
-        self.error: str | None = inner.error
+        self._matching: dict[tuple, list[bytes]] = {}  # ``_matching_texts`` by array state
+        self._samples: dict[tuple, list[Any]] = {}  # candidate item values by array and index
+        #: Set when the checks left a row no token (a bug: the look-aheads should keep every
+        #: row open); the backend's own row was written instead, and an error logged.
+        self.stuck = False
 
     # -- following the text ------------------------------------------------------------
 
@@ -188,10 +205,7 @@ class CheckedMatcher:
     def consume(self, tokens: Sequence[int]) -> bool:
         tokens = list(tokens)
         if not self.inner.consume(tokens):
-            self.error = self.inner.error
-            if self._stuck == len(self.history):  # the end-of-sequence a dead end allowed
-                self.error = STUCK
-                logger.warning("constrained: %s; the request ends", STUCK)
+            self.error = self.inner.error or "token refused"
             return False
         for token in tokens:
             if self.error is None and not self._advance(token):
@@ -219,30 +233,56 @@ class CheckedMatcher:
         del self.history[-num_tokens:]
         del self.text[length:]
 
-    def accepts_end(self) -> bool:
-        return self.error is None and self.inner.accepts_end()
-
     def forced(self) -> list[int]:
-        """The backend's forced tokens, where it names them (``closing.find_witness``
-        consumes them with ``try_consume``, which checks them)."""
-        forced = getattr(self.inner, "forced", None)
-        return forced() if forced is not None and self.error is None else []
+        """The backend's forced tokens; inside a checked array that still needs ``contains``
+        matches, at an item's start, the tokens of an item that matches (consumable: checked
+        when found). ``closing.find_witness`` takes them first, so a witness walk meets
+        ``minContains`` instead of writing the shortest items until ``maxItems``; a model is
+        never made to write them (the masks allow every item that keeps the array
+        completable)."""
+        if self.error is not None:
+            return []
+        steering = self._steering()
+        if steering:
+            return steering
+        return _hook(self.inner, "forced", list)()
+
+    def forced_bytes(self) -> bytes | None:
+        if self.error is not None:
+            return b""
+        return self._backend_forced_bytes()
+
+    def _backend_forced_bytes(self) -> bytes | None:
+        return _hook(self.inner, "forced_bytes", lambda: None)()
 
     # -- masks ---------------------------------------------------------------------------
+
+    @property
+    def bottom(self) -> Matcher:
+        return self.inner.bottom if isinstance(self.inner, Matcher) else self.inner
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.error is not None:
             fill_only(bitmask, row, [self.eos])
             return
-        self.inner.fill(bitmask, row)
-        self.narrow(bitmask, row)
+        self.inner.fill(bitmask, row)  # the layers below, their own clearing included
+        self._narrow_own(bitmask, row)
 
     def narrow(self, bitmask: torch.Tensor, row: int) -> None:
-        """Clear, in a row the backend filled, the tokens that would break a check."""
+        """After the backend wrote ``row`` (``fill_many``): the layers below clear what they
+        refuse, then this one (``_narrow_own``)."""
+        if isinstance(self.inner, Matcher):
+            self.inner.narrow(bitmask, row)
+        self._narrow_own(bitmask, row)
+
+    def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
+        """Clear, in a row the layers below wrote, the tokens that would break a check or
+        leave the array no way to meet it."""
         if self.error is not None:
             fill_only(bitmask, row, [self.eos])
             return
         words = bitmask[row].numpy().view(np.uint32)
+        backend_row = words.copy()
         repeats = self._string_repeats()
         refused: list[int] = []
         if repeats:  # in a uniqueItems string: the closing tokens looked up by their text
@@ -250,15 +290,20 @@ class CheckedMatcher:
             refused = [t for text in repeats for t in by_prefix.get(text, ()) if _has(words, t)]
         candidates = self._candidates(words, quiet_known=repeats is not None)
         refused += [int(t) for t in candidates if not self._allows(t)]
-        refused += [t for t in self._replays(words) if self._forced_into_repeat(t)]
-        if not refused:
-            return
-        ids = np.asarray(refused)
-        np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
-        if not words.any():  # a dead end: only end-of-sequence, which ends the request
-            # (no error here: a look-ahead fill, e.g. closing's witness walk, is undone)
-            self._stuck = len(self.history)
-            fill_only(bitmask, row, [self.eos])
+        refused += [t for t in self._replays(words) if self._forced_into_break(t)]
+        if refused:
+            ids = np.asarray(refused)
+            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+        self._steer_into_match(words)
+        self._refuse_forced_matches(words)
+        if not words.any():  # a bug: the look-aheads let the array reach a dead end
+            words[:] = backend_row  # the output still parses; a check may break
+            self.stuck = True
+            logger.error(
+                "constrained: %s after %r; writing the backend's row without the array checks",
+                STUCK,
+                bytes(self.text[-64:]),
+            )
 
     def _candidates(self, words: np.ndarray, quiet_known: bool = False) -> np.ndarray:
         """The allowed tokens that may complete an item or close an array (a superset);
@@ -271,7 +316,10 @@ class CheckedMatcher:
         depth = None if checked is None else scan.depth_in(checked)
         scalars = depth == 0 and not inside and scan.stack[checked].rules.unique
         escape = scan.escape if inside else 0
-        hits = words & self.reach.may_complete(inside, depth, scalars, escape)[: len(words)]
+        reach = self.reach.may_complete(inside, depth, scalars, escape)[: len(words)]
+        if self.plan.dead_arrays and not inside:  # a '[' may open an array no check meets
+            reach = reach | _opening(self.pieces)[: len(words)]
+        hits = words & reach
         if quiet_known:
             hits &= ~self.reach.packed_quiet()[: len(words)]
         return _ids(hits)
@@ -283,7 +331,7 @@ class CheckedMatcher:
         at its ``maxLength``), which the checks would then refuse with nothing left."""
         scan = self.scan
         index = _innermost_checked(scan)
-        if index is None or getattr(self.inner, "forced_bytes", None) is None:
+        if index is None or self._backend_forced_bytes() is None:
             return []
         frame = scan.stack[index]
         if not frame.rules.unique or not frame.raw:
@@ -305,13 +353,13 @@ class CheckedMatcher:
                             found.add(token)
         return sorted(found)
 
-    def _forced_into_repeat(self, token: int) -> bool:
+    def _forced_into_break(self, token: int) -> bool:
         """After ``token``, the bytes the backend forces (llguidance names them) break a
         check."""
         if self.inner.try_consume([token]) != 1:
             return False
         try:
-            forced = self.inner.forced_bytes()[:MAX_FORCED]
+            forced = (self._backend_forced_bytes() or b"")[:MAX_FORCED]
         finally:
             self.inner.rollback(1)
         trial = self.scan.copy()
@@ -352,26 +400,31 @@ class CheckedMatcher:
         piece = self.pieces[token]
         if not feed(trial, piece, len(self.text), self.text, self.events):
             return False
+        if self.plan.dead_arrays and any(
+            f.rules is not None and not self.plan.satisfiable(f.rules) for f in trial.stack
+        ):
+            return False  # it opens an array no items can make meet its checks
         index = _innermost_checked(trial)  # the array the look-aheads are about
         if index is None:
             return True
         return (
-            self._unused_value_ahead(trial, index, piece)
+            self._matching_ahead(trial, index, piece)
+            and self._unused_value_ahead(trial, index, piece)
             and self._number_goes_on(trial, index, token)
-            and not (self._replaying(trial, index, piece) and self._forced_into_repeat(token))
+            and not (self._replaying(trial, index, piece) and self._forced_into_break(token))
         )
 
     def _replaying(self, trial: Scan, index: int, piece: bytes) -> bool:
         """After ``piece``, the item being written (of the innermost ``uniqueItems`` array)
         is a proper prefix of an earlier item as written (``_replays``' test, for a token
         that also completed something, as ``","+`` after ``["+`` does)."""
-        if getattr(self.inner, "forced_bytes", None) is None:
-            return False
         frame = trial.stack[index]
         if not frame.rules.unique or not frame.raw or not trial.in_item(index):
             return False
         written = self._item_text(frame.item_start, piece)
-        return any(len(raw) > len(written) and raw.startswith(written) for raw in frame.raw)
+        if not any(len(raw) > len(written) and raw.startswith(written) for raw in frame.raw):
+            return False
+        return self._backend_forced_bytes() is not None
 
     def _unused_value_ahead(self, trial: Scan, index: int, piece: bytes) -> bool:
         frame = trial.stack[index]
@@ -388,24 +441,227 @@ class CheckedMatcher:
         return True
 
     def _values_left(self, frame: Frame) -> list[bytes]:
-        """The values (JSON bytes, sorted) of a finite item domain the next item may still
-        take: not used yet (``uniqueItems``), not one match too many (``maxContains``)."""
-        memo = (id(frame.rules), frame.seen, frame.loose)
+        """The values (JSON bytes, sorted) of a finite item domain the next item may take
+        and the array still be completed (``CheckPlan.values_left``)."""
+        memo = (id(frame.rules), frame.count, frame.seen, frame.matched, frame.loose)
         left = self._left.get(memo)
         if left is None:
-            rules = frame.rules
-            full = [c for c, n in zip(rules.contains, frame.loose, strict=True)
-                    if c.at_most is not None and n >= c.at_most]  # fmt: skip
-            left = sorted(
-                text
-                for key, text in rules.finite
-                if not (rules.unique and key in frame.seen)
-                and not any(self.events.match(c, key, text, strict=False) for c in full)
+            left = self.plan.values_left(
+                frame.rules, frame.count, frame.seen, frame.matched, frame.loose
             )
             if len(self._left) >= 64:  # states of the last steps only
                 self._left.clear()
             self._left[memo] = left
         return left
+
+    # -- contains: what an array still needs against its room ---------------------------
+
+    def _needed(self, frame: Frame, forced: bool) -> tuple[int, ...]:
+        """The ``contains`` (indexes) the next item of ``frame`` must match: those whose
+        matches still needed fill the items left under ``maxItems``; with ``forced``, every
+        one still short of its ``minContains``."""
+        rules = frame.rules
+        high = rules.max_items
+        left = None if high is None or frame.count >= high else high - frame.count
+        needed = []
+        for i, (contains, n) in enumerate(zip(rules.contains, frame.matched, strict=True)):
+            need = contains.at_least - n
+            if need > 0 and (forced or (left is not None and need >= left)):
+                needed.append(i)
+        return tuple(needed)
+
+    def _state(self, frame: Frame, needed: tuple[int, ...]) -> tuple:
+        return (id(frame.rules), frame.nodes, frame.count, frame.seen, frame.matched,
+                frame.loose, needed)  # fmt: skip
+
+    def _matching_texts(self, frame: Frame, needed: tuple[int, ...], lead: bytes) -> list[bytes]:
+        """Items (compact JSON) the next item of ``frame`` may be that match every
+        ``contains`` in ``needed`` and keep the array completable, each checked by
+        consuming it (after ``lead``, at the item's start) then a ``,`` or ``]``. Found from
+        the item domain or values guessed from the item's subschemas (``sample_values``);
+        remembered per array state."""
+        key = self._state(frame, needed)
+        texts = self._matching.get(key)
+        if texts is not None:
+            return texts
+        rules, plan = frame.rules, self.plan
+        texts = []
+        for value in self._item_samples(frame):
+            strict, looser = plan.signature(rules, value)
+            if not all(strict[i] for i in needed):
+                continue
+            if rules.unique and canonical(value) in frame.seen:
+                continue
+            matched = tuple(m + x for m, x in zip(frame.matched, strict, strict=True))
+            loose = tuple(m + x for m, x in zip(frame.loose, looser, strict=True))
+            if not completable(frame.count + 1, rules, matched, loose):
+                continue
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            if self._consumable(lead + text):
+                texts.append(text)
+        if len(self._matching) >= MAX_STATES:
+            self._matching.clear()
+        self._matching[key] = texts
+        return texts
+
+    def _item_samples(self, frame: Frame) -> list[Any]:
+        """Candidate values of the next item of ``frame``."""
+        rules = frame.rules
+        if rules.finite is not None:
+            return [json.loads(text) for _, text in rules.finite]
+        nodes = self.plan.child(frame.nodes, frame.count)
+        key = (id(rules), nodes)
+        found = self._samples.get(key)
+        if found is None:
+            schemas = [self.plan.nodes[n] for n in nodes]
+            contains = {id(c.schema) for c in rules.contains}
+            items = [s for s in schemas if id(s) not in contains]
+            found = sample_values(schemas, self.plan.schema)
+            found += sample_values(items, self.plan.schema)
+            if len(self._samples) >= MAX_STATES:
+                self._samples.clear()
+            self._samples[key] = found
+        return found
+
+    def _consumable(self, text: bytes) -> bool:
+        """Whether ``text`` and then a ``,`` or a ``]`` can be consumed now (matcher
+        unchanged)."""
+        tokens = self._tokens_of(text)
+        if tokens is None:
+            return False
+        taken = self.try_consume(tokens)
+        try:
+            if taken != len(tokens):
+                return False
+            for closer in (b",", b"]"):
+                token = self.reach.by_bytes.get(closer)
+                if token is not None and self.try_consume([token]) == 1:
+                    self.rollback(1)
+                    return True
+            return False
+        finally:
+            self.rollback(taken)
+
+    def _tokens_of(self, text: bytes) -> list[int] | None:
+        """Tokens writing ``text``, longest first (``None`` if a byte has no token)."""
+        by_bytes, tokens, at = self.reach.by_bytes, [], 0
+        while at < len(text):
+            for end in range(min(len(text), at + MAX_PIECE), at, -1):
+                token = by_bytes.get(text[at:end])
+                if token is not None:
+                    tokens.append(token)
+                    at = end
+                    break
+            else:
+                return None
+        return tokens
+
+    def _steering(self) -> list[int]:
+        """``forced``'s tokens inside a checked array short of ``contains`` matches: at an
+        item's start (or before its ``,``), a matching item's."""
+        scan = self.scan
+        index = _innermost_checked(scan)
+        if index is None or index != len(scan.stack) - 1 or scan.mode not in (VALUE, AFTER):
+            return []
+        frame = scan.stack[index]
+        if not frame.rules.contains:
+            return []
+        needed = self._needed(frame, forced=True)
+        if not needed:
+            return []
+        lead = b"," if scan.mode == AFTER else b""
+        for wanted in (needed, *((i,) for i in needed)):
+            texts = self._matching_texts(frame, wanted, lead)
+            if texts:
+                return self._tokens_of(lead + texts[0]) or []
+        return []
+
+    def _steer_into_match(self, words: np.ndarray) -> None:
+        """In a checked array (items not a finite domain) whose next item must match a
+        ``contains`` (the matches still needed fill the room left): allow only the tokens
+        that write a prefix of a matching item found ahead (``_matching_texts``), from its
+        first token."""
+        scan = self.scan
+        index = _innermost_checked(scan)
+        if index is None:
+            return
+        frame = scan.stack[index]
+        if frame.rules.finite is not None or not frame.rules.contains:
+            return
+        needed = self._needed(frame, forced=False)
+        if not needed:
+            return
+        top = index == len(scan.stack) - 1
+        if scan.in_item(index):
+            written, lead = bytes(self.text[frame.item_start :]), b""
+            texts = self._matching.get(self._state(frame, needed))
+        elif top and scan.mode in (VALUE, AFTER):
+            written, lead = b"", b"," if scan.mode == AFTER else b""
+            texts = self._matching_texts(frame, needed, lead)
+        else:
+            return
+        if not texts:
+            return  # none found: the checks refuse a non-matching item when it completes
+        allowed: set[int] = set()
+        by_bytes = self.reach.by_bytes
+        for text in texts:
+            if not text.startswith(written):
+                continue
+            if len(text) == len(written):  # complete, but a number may go on: its end
+                allowed.update(by_bytes[c] for c in (b",", b"]", b"}") if c in by_bytes)
+                continue
+            rest = lead + text[len(written) :]
+            for end in range(1, min(len(rest), MAX_PIECE) + 1):
+                token = by_bytes.get(rest[:end])
+                if token is not None:
+                    allowed.add(token)
+        kept = np.zeros_like(words)
+        for token in allowed:
+            if _has(words, token):
+                kept[token >> 5] |= np.uint32(1 << (token & 31))
+        words[:] = kept
+
+    def _matching_ahead(self, trial: Scan, index: int, piece: bytes) -> bool:
+        """A token that starts an item (after completing the one before, or opening the
+        array) that must match a ``contains``: allowed only as a prefix of a matching item
+        found ahead (consumed after the token's bytes before it)."""
+        frame = trial.stack[index]
+        rules = frame.rules
+        if rules.finite is not None or not rules.contains or not trial.in_item(index):
+            return True
+        if frame.item_start < len(self.text):
+            return True  # the item started earlier: ``_steer_into_match`` judged it
+        needed = self._needed(frame, forced=False)
+        if not needed:
+            return True
+        lead = piece[: frame.item_start - len(self.text)]  # what the token writes before it
+        texts = self._matching_texts(frame, needed, lead)
+        written = self._item_text(frame.item_start, piece)
+        return any(text.startswith(written) for text in texts)
+
+    def _refuse_forced_matches(self, words: np.ndarray) -> None:
+        """Inside an item of a checked array (items not a finite domain) at a
+        ``maxContains``: refuse a token after which the bytes the backend forces complete
+        a match one too many (an ``enum`` member's rest, a ``const``), where the row holds
+        few tokens (where it holds many, a forced completion is not near)."""
+        scan = self.scan
+        index = _innermost_checked(scan)
+        if index is None or not scan.in_item(index):
+            return
+        frame = scan.stack[index]
+        rules = frame.rules
+        if rules.finite is not None or not rules.contains:
+            return
+        pairs = zip(rules.contains, frame.loose, strict=True)
+        full = any(c.at_most is not None and n >= c.at_most for c, n in pairs)
+        if not full and not self._needed(frame, forced=False):
+            return
+        ids = _ids(words)
+        if len(ids) > MAX_FOLLOWED or self._backend_forced_bytes() is None:
+            return
+        for token in ids.tolist():
+            if token != self.eos and self._forced_into_break(token):
+                words[token >> 5] &= ~np.uint32(1 << (token & 31))
 
     def _number_goes_on(self, trial: Scan, index: int, token: int) -> bool:
         """After ``token``, a scalar item of a ``uniqueItems`` array being written: a literal
@@ -460,6 +716,26 @@ class CheckedMatcher:
 
 
 _LITERAL_OF = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
+
+
+def _hook(matcher: Any, name: str, default: Any) -> Any:
+    """``matcher``'s optional hook ``name`` (``Matcher``'s contract); ``default`` for a
+    backend matcher that predates the contract's base class and lacks it."""
+    if isinstance(matcher, Matcher):
+        return getattr(matcher, name)
+    return getattr(matcher, name, default)
+
+
+def _opening(pieces: list[bytes]) -> np.ndarray:
+    """Bitmask words of the tokens holding a ``[`` (built once per vocabulary)."""
+    key = id(pieces)
+    words = _OPENING.get(key)
+    if words is None:
+        words = _OPENING[key] = pack(np.array([b"[" in p for p in pieces]))
+    return words
+
+
+_OPENING: dict[int, np.ndarray] = {}
 
 
 def _has(words: np.ndarray, token: int) -> bool:
