@@ -133,24 +133,25 @@ def test_keeps_completion_checks_room(vocab):
     assert keeps_completion(matcher, one, [[]], room=5) is None  # a sixth digit is refused
 
 
-def test_a_plan_that_cannot_close_says_so_once(vocab, monkeypatch):
-    """A budget no completion fits (admission would refuse it; here forced): the plan is not
-    silent, the engine's log says so, once per request."""
-    from constrained.processors import closing_plan
-    from constrained.processors.closing_plan import ClosingPlan
+def test_a_stack_that_cannot_close_says_so_once(vocab, monkeypatch):
+    """A budget no completion fits (admission would refuse it; here forced): the closing
+    layer is not silent, the engine's log says so, once per request, and leaves the row as
+    the grammar wrote it (the request is cut at ``max_tokens``: ``length``, never a ``stop``)."""
+    from constrained.grammars import closing_matcher
+    from constrained.grammars.closing_matcher import ClosingMatcher
 
     said: list[str] = []
-    monkeypatch.setattr(closing_plan.logger, "warning", lambda msg, *a: said.append(msg % a))
-    matcher = compile_now(spec_of(*CASES[0]), vocab).matcher()
-    need = len(find_witness(matcher, vocab, 200))
-    plan = ClosingPlan(limit=need // 2)
-    for consumed in (0, 1, 2):
-        plan.after_tokens(matcher, vocab, [], consumed)
-    assert plan.unreachable and len(said) == 1, said
+    monkeypatch.setattr(closing_matcher.logger, "warning", lambda msg, *a: said.append(msg % a))
+    grammar = compile_now(spec_of(*CASES[0]), vocab)
+    need = len(find_witness(grammar.matcher(), vocab, 200))
+    tight = ClosingMatcher(grammar.matcher(), vocab, limit=need // 2)
+    for _ in range(3):
+        assert torch.equal(mask_of(tight), mask_of(grammar.matcher()))
+    assert len(said) == 1, said
     assert f"max_tokens={need // 2}" in said[0] and "may be cut" in said[0]
-    roomy = ClosingPlan(limit=need + 1)
-    roomy.after_tokens(matcher, vocab, [], 0)
-    assert roomy.closing and not roomy.warned
+    roomy = ClosingMatcher(grammar.matcher(), vocab, limit=need + 1)
+    mask_of(roomy)
+    assert not roomy.warned
 
 
 def budget_request(rng: random.Random, req_id: int, needs: dict) -> Request:

@@ -112,12 +112,11 @@ def find_witness(
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     path: list[int] = []
-    forced = getattr(matcher, "forced", None)  # llguidance: forced tokens, fewest first
     try:
         while not matcher.accepts_end():
             if len(path) >= limit:
                 return None
-            ahead = forced()[: limit - len(path)] if forced is not None else []
+            ahead = matcher.forced()[: limit - len(path)]  # what the grammar forces next
             if ahead:
                 taken = matcher.try_consume(ahead)
                 path.extend(ahead[:taken])

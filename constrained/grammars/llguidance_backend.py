@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
+from constrained.grammars.matcher import Matcher
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,7 @@ def compile_grammar(spec: GrammarSpec, vocab: Vocab) -> LLGuidanceGrammar:
     return LLGuidanceGrammar(text, vocab)
 
 
-class LLGuidanceMatcher:
+class LLGuidanceMatcher(Matcher):
     def __init__(self, grammar: LLGuidanceGrammar) -> None:
         from llguidance import LLMatcher
 
@@ -132,8 +133,8 @@ class LLGuidanceMatcher:
         and ``"]`` are all tokens that may write it)."""
         return bytes(self.inner.compute_ff_bytes()) if self.error is None else b""
 
-    @staticmethod
-    def fill_many(pairs: list[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor) -> None:
+    @classmethod
+    def fill_many(cls, pairs: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
         """Fill several rows in llguidance's thread pool, without the GIL."""
         global _EXECUTOR
         import llguidance
@@ -141,9 +142,8 @@ class LLGuidanceMatcher:
 
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()
-        llguidance.torch.fill_next_token_bitmask_par(
-            _EXECUTOR, [(m.inner, row) for m, row in pairs], bitmask
-        )
+        inner = [(m.inner, row) for m, row in pairs]  # type: ignore[attr-defined]
+        llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, inner, bitmask)
 
 
 def _short(message: str) -> str:

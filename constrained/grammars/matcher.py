@@ -1,14 +1,52 @@
-"""The matcher interface every backend adapter provides, and the end-of-sequence mask.
+"""The matcher contract: what every layer of a grammar row promises, and the bitmask helpers.
 
-A matcher follows one request's output token by token and writes the next-token bitmask:
-int32 words, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is allowed (the layout
-xgrammar and llguidance share).
+A request's grammar row is a **stack of matchers**: a backend's matcher at the bottom
+(llguidance, xgrammar, outlines-core), then wrappers that each add one rule on top of the
+row below (``CheckedMatcher``: ``uniqueItems`` / ``contains``; ``ClosingMatcher``: finish by
+``max_tokens``). Every layer speaks this contract, so the code that drives a row
+(``processors/mask_fill.py``) never asks which backend or wrapper it holds.
+
+Bitmask layout: int32 words, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is
+allowed (the layout xgrammar and llguidance share).
+
+The core (every layer):
+
+- ``consume(tokens) -> bool``: advance over sampled tokens. A refused token sets ``error``
+  and returns False; from then on ``fill`` allows only end-of-sequence.
+- ``try_consume(tokens) -> int``: consume the longest allowed prefix; how many. Never sets
+  ``error``. Used by look-aheads, which undo it with ``rollback``.
+- ``rollback(n)``: undo the last ``n`` consumed tokens (drafts, look-aheads). After it the
+  layer is exactly as before those tokens: no state of a look-ahead survives.
+- ``fill(bitmask, row)``: write the allowed next tokens into ``bitmask[row]``: exactly the
+  tokens whose ``try_consume`` would succeed and after which the output can still be
+  completed under every layer's rules; end-of-sequence only when ``accepts_end``.
+- ``accepts_end() -> bool``: the output so far is complete and valid (end-of-sequence may
+  come now). A layer never allows end-of-sequence otherwise: a ``stop`` is a promise.
+
+The optional hooks (defaults here; a layer overrides what it knows):
+
+- ``forced() -> list[int]``: tokens the grammar forces next, fewest first (``[]``: none
+  known). Taking them is always allowed; look-aheads use them to skip mask fills.
+- ``forced_bytes() -> bytes | None``: the bytes forced next whichever tokens write them;
+  ``None`` when the backend cannot say (``b""``: it can, and none are forced).
+- ``narrow(bitmask, row)``: after the bottom matcher wrote ``row`` (possibly in a batched
+  fill of many rows, ``fill_many``), clear what the wrappers refuse, innermost first.
+  ``fill`` is ``bottom.fill`` followed by ``narrow``.
+- ``bottom``: the backend matcher at the bottom of the stack (whose type's ``fill_many``
+  writes many rows at once).
+- ``fill_many(pairs, bitmask)`` (classmethod of a bottom matcher): write each
+  ``(matcher, row)``'s row; llguidance does it in its thread pool.
+
+A wrapper (``MatcherWrapper``) holds ``inner`` and forwards the core to it; it overrides
+``_narrow_own`` (its clearing) and whichever core calls it must follow (``consume``,
+``rollback``... for its own state). A new rule on a grammar row is one wrapper and its tests;
+``grammars/stack.py`` builds a request's stack.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,32 +54,97 @@ if TYPE_CHECKING:
     import torch
 
 
-class Matcher(Protocol):
-    """One request's grammar state."""
+class Matcher:
+    """One request's grammar state (see the module docstring for the contract)."""
 
-    #: Set when a refused token was consumed or the backend failed: the matcher is dead and
+    #: Set when a refused token was consumed or the layer failed: the matcher is dead and
     #: allows only end-of-sequence from then on.
-    error: str | None
+    error: str | None = None
 
     def consume(self, tokens: Sequence[int]) -> bool:
-        """Advance over sampled tokens; False (and ``error`` set) when one is not allowed."""
-        ...
+        raise NotImplementedError
 
     def try_consume(self, tokens: Sequence[int]) -> int:
-        """Consume the longest allowed prefix of ``tokens``; how many. Never sets ``error``."""
-        ...
-
-    def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``bitmask[row]`` (EOS only once complete)."""
-        ...
+        raise NotImplementedError
 
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` consumed tokens (speculative drafts)."""
-        ...
+        raise NotImplementedError
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        raise NotImplementedError
 
     def accepts_end(self) -> bool:
-        """Whether the output so far is complete (end-of-sequence may come now)."""
-        ...
+        raise NotImplementedError
+
+    # -- optional hooks ---------------------------------------------------------------
+
+    def forced(self) -> list[int]:
+        return []
+
+    def forced_bytes(self) -> bytes | None:
+        return None
+
+    def narrow(self, bitmask: torch.Tensor, row: int) -> None:
+        """A bottom matcher refuses nothing beyond its own fill."""
+
+    @property
+    def bottom(self) -> Matcher:
+        return self
+
+    @classmethod
+    def fill_many(cls, pairs: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
+        for matcher, row in pairs:
+            matcher.fill(bitmask, row)
+
+
+class MatcherWrapper(Matcher):
+    """A layer over ``inner``: forwards the core, adds its own clearing (``_narrow_own``)."""
+
+    def __init__(self, inner: Matcher) -> None:
+        self.inner = inner
+
+    @property
+    def error(self) -> str | None:  # type: ignore[override]
+        return self._error if self._error is not None else self.inner.error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self._error = value
+
+    _error: str | None = None
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        return self.inner.consume(tokens) and self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        return self.inner.try_consume(tokens) if self.error is None else 0
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    def accepts_end(self) -> bool:
+        return self.error is None and self.inner.accepts_end()
+
+    def forced(self) -> list[int]:
+        return self.inner.forced() if self.error is None else []
+
+    def forced_bytes(self) -> bytes | None:
+        return self.inner.forced_bytes() if self.error is None else b""
+
+    @property
+    def bottom(self) -> Matcher:
+        return self.inner.bottom
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self.bottom.fill(bitmask, row)
+        self.narrow(bitmask, row)
+
+    def narrow(self, bitmask: torch.Tensor, row: int) -> None:
+        self.inner.narrow(bitmask, row)
+        self._narrow_own(bitmask, row)
+
+    def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
+        """This layer's clearing of ``bitmask[row]`` (the layers below have written it)."""
 
 
 def words_for(width: int) -> int:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
-from constrained.grammars.matcher import fill_only
+from constrained.grammars.matcher import Matcher, fill_only
 from constrained.schema.allow_list import AllowList
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class OutlinesGrammar:
 MAX_ROLLBACK = 512  # states kept (outlines-core's default is 32); a state is one integer
 
 
-class OutlinesMatcher:
+class OutlinesMatcher(Matcher):
     def __init__(self, grammar: OutlinesGrammar) -> None:
         from outlines_core import Guide
 

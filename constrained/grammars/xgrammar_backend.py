@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
-from constrained.grammars.matcher import fill_only
+from constrained.grammars.matcher import Matcher, fill_only
 from constrained.grammars.qwen_xml import xml_parameters
 from constrained.grammars.structural_tag import literals, map_schemas
 from constrained.schema.allow_list import AllowList
@@ -110,7 +110,7 @@ class XGrammarGrammar:
         return XGrammarMatcher(self)
 
 
-class XGrammarMatcher:
+class XGrammarMatcher(Matcher):
     def __init__(self, grammar: XGrammarGrammar) -> None:
         import xgrammar
 

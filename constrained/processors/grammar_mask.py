@@ -21,9 +21,14 @@ from constrained.grammars import compiler_for, load_vocab
 from constrained.grammars.marker import marker_for
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
-from constrained.processors.closing_plan import PlanShelf
 from constrained.processors.functional import apply_token_bitmask
-from constrained.processors.mask_fill import MaskWriter, RowState, V1MaskFill, V2MaskFill
+from constrained.processors.mask_fill import (
+    MaskWriter,
+    ResumeShelf,
+    RowState,
+    V1MaskFill,
+    V2MaskFill,
+)
 from constrained.processors.reasoning_gate import ReasoningGate
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
@@ -61,9 +66,9 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.vocab.warm_in_background()  # ready long before the first request, not in its way
         self.compiler = compiler_for(self.vocab)
         self.writer = MaskWriter(self.vocab, self.layout.device)
+        self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
         fill = self.layout.pick(V1MaskFill, V2MaskFill)
         self.fill = fill(self.writer, self.slots, self.layout)
-        self.shelf = PlanShelf()  # budget plans, kept across preemption
         # While a request thinks: end-of-sequence (the answer must come) and the tokens the
         # engine's reasoning parser reads as an implicit end (reasoning_parser.py).
         implicit = thinking_ends(vllm_config, self.vocab.hf_tokenizer).implicit_ids
@@ -84,9 +89,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             return False
         output_ids = tokens[1] if tokens is not None else None
         self.slots.write(slot, constrained=True)
-        closes = closes_at_budget(options, params)
-        plan = self.shelf.plan_for(params, params.max_tokens) if closes else None
-        state = RowState(spec, self.compiler.submit(spec), output_ids, plan)
+        limit = params.max_tokens if closes_at_budget(options, params) else None
+        state = RowState(spec, self.compiler.submit(spec), output_ids, limit)
+        if limit is not None:
+            state.hints = self.resumed.hints_for(params, state)
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
             state.gate = ReasoningGate(marker, options.max_reasoning_tokens)

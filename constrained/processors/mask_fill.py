@@ -14,7 +14,7 @@ differs per runner and is decided once per processor:
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,11 +22,10 @@ import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
-from constrained.grammars.checked_matcher import CheckedMatcher
-from constrained.grammars.closing import MAX_WITNESS_TOKENS, allowed_ids, find_witness
-from constrained.grammars.llguidance_backend import LLGuidanceMatcher
+from constrained.grammars.closing import MAX_WITNESS_TOKENS, find_witness
+from constrained.grammars.closing_matcher import ClosingMatcher
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.processors.closing_plan import CANDIDATES, SLACK, ClosingPlan
+from constrained.grammars.stack import build_stack
 from constrained.processors.reasoning_gate import (
     ReasoningGate,
     prompt_closes_thinking,
@@ -46,10 +45,12 @@ class RowState:
     spec: GrammarSpec
     compiled: Future
     output_ids: list[int] | None  # V1's live output list; None under V2
-    plan: ClosingPlan | None = None  # finishing by max_tokens (None: closing is off)
+    limit: int | None = None  # finishing by max_tokens (None: closing is off)
     gate: ReasoningGate | None = None  # thinking first (None: constrained from the start)
     prompt_pending: bool = False  # V2: the gate still has to look at the prompt's end
-    matcher: Matcher | None = None
+    matcher: Matcher | None = None  # the stack (grammars/stack.py)
+    closing: ClosingMatcher | None = None  # its closing layer, if closing is on
+    hints: list[list[int]] = field(default_factory=list)  # a preempted run's completions
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
     gate_budgeted: bool = False  # the gate's forcing point accounts for max_tokens
@@ -70,23 +71,25 @@ class RowState:
             and not gate.open
             and not self.prompt_pending
             and (gate.force_after is None or gate.seen + 1 < gate.force_after)
-            and (self.plan is None or gate.seen + 1 < self.walk_at())
+            and (self.limit is None or gate.seen + 1 < self.walk_at())
         )
 
     def walk_at(self) -> int:
         """Output tokens after which a thinking request with a budget walks for its answer's
         witness (to place the forced marker): a witness is at most MAX_WITNESS_TOKENS long."""
-        assert self.gate is not None and self.plan is not None
-        return self.plan.limit - len(self.gate.marker.ids) - (2 * MAX_WITNESS_TOKENS + SLACK)
+        assert self.gate is not None and self.limit is not None
+        return self.limit - len(self.gate.marker.ids) - answer_room(MAX_WITNESS_TOKENS)
 
     def prompt_tail_size(self) -> int:
         return prompt_tail_size(self.gate.marker) if self.gate is not None else 0
 
-    def ready_matcher(self) -> Matcher | None:
-        """The matcher, built once the compile is done (waits for it); None if it failed."""
+    def ready_matcher(self, vocab: Vocab) -> Matcher | None:
+        """The stack, built once the compile is done (waits for it); None if it failed."""
         if self.matcher is None and not self.failed:
             try:
-                self.matcher = self.compiled.result().matcher()
+                self.matcher = build_stack(self.compiled.result(), vocab, self.limit, self.hints)
+                if isinstance(self.matcher, ClosingMatcher):
+                    self.closing = self.matcher
             except Exception as exc:  # admission compiled it; never take the engine down
                 logger.error(
                     "constrained: %s compile failed in the engine (%s); the request is "
@@ -98,8 +101,46 @@ class RowState:
         return self.matcher
 
 
+def answer_room(need: int) -> int:
+    """Tokens a thinking request's answer is left before ``max_tokens`` when the marker is
+    forced: room to close without narrowing most of its rows (twice its need, plus 32)."""
+    return 2 * need + 32
+
+
+class ResumeShelf:
+    """Each request's last row state, by its params object, so a preempted request resumes
+    with the completions its closing layer knew (``ClosingMatcher.suffixes``).
+
+    vLLM re-adds a preempted request (V1 and V2) with its same ``SamplingParams`` object and
+    the output so far; a fresh witness walk from there may find only longer completions than
+    the ones the closing rows were checked against. The hints are checked by the matcher
+    before use, so a wrong match (``n > 1`` siblings share one params object) costs a check,
+    never soundness. Bounded: oldest first out.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._held: dict[int, tuple[object, RowState]] = {}
+
+    def hints_for(self, params: object, state: RowState) -> list[list[int]]:
+        held = self._held.pop(id(params), None)
+        self._held[id(params)] = (params, state)
+        while len(self._held) > self.size:
+            del self._held[next(iter(self._held))]
+        if held is None or held[0] is not params:
+            return []
+        old = held[1]
+        known = old.closing.suffixes() if old.closing is not None else []
+        return (known + old.hints)[:512]  # bounded across repeated preemptions
+
+
 class MaskWriter:
-    """The host bitmask (one int32 row of ``ceil(width / 32)`` words per logits row)."""
+    """The host bitmask (one int32 row of ``ceil(width / 32)`` words per logits row).
+
+    It drives each request's stack (``grammars/matcher.py``: consume, fill, draft look-aheads
+    undone by rollback) and knows no layer by name: rows are written by their bottom matcher's
+    ``fill_many`` (llguidance: in its thread pool), then each stack's ``narrow``.
+    """
 
     def __init__(self, vocab: Vocab, device: torch.device) -> None:
         self.vocab = vocab
@@ -107,11 +148,7 @@ class MaskWriter:
         self.bitmask = torch.zeros(0, words_for(vocab.width), dtype=torch.int32)
         self.scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)  # witness walks
         self._uploader = Uploader(device)
-        self._llguidance: list[tuple[LLGuidanceMatcher, int]] = []
-        self._narrowed: list[tuple[CheckedMatcher, int]] = []  # array checks, after the fill
-        # Rows closing this step (restricted in ``close``, once the logits are known).
-        self._closing: list[tuple[int, RowState]] = []
-        self._closing_drafts: list[tuple[int, RowState, list[int]]] = []
+        self._queued: list[tuple[Matcher, int]] = []  # rows to fill in ``finish``
         # Rows still thinking this step: no mask (their processors' cost is an unconstrained
         # request's), end-of-sequence banned so the answer always comes; with (row, token)
         # pairs each request bans besides: its own stop tokens, and the tokens that would
@@ -129,7 +166,7 @@ class MaskWriter:
             self.bitmask = torch.zeros(rows, self.bitmask.shape[1], dtype=torch.int32)
 
     def advance(self, state: RowState, new: list[int], row: int) -> None:
-        """Feed ``new`` committed tokens to a request's matcher, then queue or write its row."""
+        """Feed ``new`` committed tokens to a request's stack, then queue its row."""
         gate = state.gate
         # (V2, mid-prefill, the prompt's end not read yet: its sample is discarded; the
         # grammar's row is written meanwhile.)
@@ -142,17 +179,14 @@ class MaskWriter:
             state.consumed += len(new) - len(after)  # the marker: the constraint starts after
             new = after
         try:
-            matcher = state.ready_matcher()
+            matcher = state.ready_matcher(self.vocab)
             if matcher is not None:
+                if state.closing is not None:  # the output before the constraint counts too
+                    state.closing.spent = state.consumed - state.closing.count
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
                 state.consumed += len(new)
-                plan = state.plan
-                if plan is not None and matcher.error is None:
-                    plan.after_tokens(matcher, self.vocab, new, state.consumed, self.scratch)
-                    if plan.closing:
-                        self._closing.append((row, state))
-                self._write(matcher, row)
+                self._queued.append((matcher, row))
                 return
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
@@ -165,7 +199,7 @@ class MaskWriter:
         assert gate is not None
         # The walk waits until thinking could come near the budget: a long budget costs a
         # thinking row nothing.
-        if state.plan is not None and not state.gate_budgeted and gate.seen >= state.walk_at():
+        if state.limit is not None and not state.gate_budgeted and gate.seen >= state.walk_at():
             self._budget_gate(state)
         self._free_or_forced(state, gate, row)
 
@@ -181,20 +215,21 @@ class MaskWriter:
             self.banned[1].extend(bans)
 
     def _budget_gate(self, state: RowState) -> None:
-        """Force the marker early enough that the answer has its closing window left
-        (twice its shortest completion, plus the slack) before ``max_tokens``."""
+        """Force the marker early enough that the answer has its room left
+        (``answer_room``) before ``max_tokens``."""
         state.gate_budgeted = True
-        gate, plan = state.gate, state.plan
-        matcher = state.ready_matcher()
-        if gate is None or plan is None or matcher is None:
+        gate, limit = state.gate, state.limit
+        matcher = state.ready_matcher(self.vocab)
+        if gate is None or limit is None or matcher is None:
             return
-        witness = find_witness(matcher, self.vocab, plan.limit, self.scratch)
-        need = len(witness) if witness is not None else plan.limit
-        latest = max(plan.limit - len(gate.marker.ids) - (2 * need + SLACK), 0)
+        below = state.closing.inner if state.closing is not None else matcher
+        witness = find_witness(below, self.vocab, limit, self.scratch)
+        need = len(witness) if witness is not None else limit
+        latest = max(limit - len(gate.marker.ids) - answer_room(need), 0)
         gate.force_after = latest if gate.force_after is None else min(gate.force_after, latest)
 
     def draft(self, state: RowState, row: int, drafts: np.ndarray) -> None:
-        """A speculative row: the matcher advanced over ``drafts``, its row written, undone.
+        """A speculative row: the stack advanced over ``drafts``, its row written, undone.
 
         Drafts are cut at the first negative id: vLLM feeds -1 placeholders for the draft rows
         of a step that starts inside the prefill (those rows' samples are rejected).
@@ -207,22 +242,14 @@ class MaskWriter:
             if after is None:
                 self._free_or_forced(state, gate, row)
                 return
-            state.ready_matcher()
-            self._fill_after(state, row, after)
-            return
-        matcher = state.matcher
-        if matcher is None or matcher.error is not None:
-            fill_only(self.bitmask, row, [self.eos])
-            return
-        if state.plan is not None and state.plan.closing:  # written in ``close``
-            self._closing_drafts.append((row, state, tokens))
-            return
+            state.ready_matcher(self.vocab)
+            tokens = after
         self._fill_after(state, row, tokens)
 
     def _fill_after(self, state: RowState, row: int, tokens: list[int]) -> None:
-        """Write the grammar's row after ``tokens`` (then undo them)."""
+        """Write the stack's row after ``tokens`` (then undo them)."""
         matcher = state.matcher
-        if matcher is None:
+        if matcher is None or matcher.error is not None:
             fill_only(self.bitmask, row, [self.eos])
             return
         try:
@@ -237,78 +264,28 @@ class MaskWriter:
             state.failed, state.matcher = True, None
             fill_only(self.bitmask, row, [self.eos])
 
-    def _write(self, matcher: Matcher, row: int) -> None:
-        backend = matcher.inner if isinstance(matcher, CheckedMatcher) else matcher
-        if isinstance(backend, LLGuidanceMatcher):  # filled together, in llguidance's pool
-            self._llguidance.append((backend, row))
-            if backend is not matcher:
-                self._narrowed.append((matcher, row))
-        else:
-            matcher.fill(self.bitmask, row)
-
     def finish(self) -> None:
-        """Write the rows queued for llguidance's parallel fill, then their array checks."""
-        if self._llguidance:
-            pairs, self._llguidance = self._llguidance, []
-            LLGuidanceMatcher.fill_many(pairs, self.bitmask)
-        narrowed, self._narrowed = self._narrowed, []
-        for matcher, row in narrowed:
+        """Write the queued rows: each bottom matcher type's ``fill_many`` (llguidance's
+        parallel fill), then each stack's ``narrow`` (array checks, closing)."""
+        queued, self._queued = self._queued, []
+        by_type: dict[type, list[tuple[Matcher, int]]] = {}
+        for matcher, row in queued:
+            by_type.setdefault(type(matcher.bottom), []).append((matcher.bottom, row))
+        for kind, pairs in by_type.items():
+            kind.fill_many(pairs, self.bitmask)
+        for matcher, row in queued:
+            if matcher.bottom is matcher:
+                continue
             try:
                 matcher.narrow(self.bitmask, row)
             except Exception:
-                logger.exception("constrained: array checks failed; ending the request")
-                matcher.error = "array checks failed"
+                logger.exception("constrained: a grammar row's layer failed; ending the request")
+                matcher.error = "a grammar row's layer failed"
                 fill_only(self.bitmask, row, [self.eos])
-
-    def close(
-        self, logits: torch.Tensor, top: np.ndarray | None = None, may_fetch: bool = True
-    ) -> None:
-        """Narrow the closing rows to tokens that still finish in time (``ClosingPlan``).
-
-        The candidates are each row's most likely tokens: ``top`` (every row's, fetched with
-        V2's one copy), or one small top-k of the closing rows read here when ``may_fetch``
-        (V1: on a GPU, a device-to-host copy in steps where some request is closing).
-        Otherwise (V2, a request that closes from its first step) only the witness's token.
-        """
-        closing, self._closing = self._closing, []
-        drafts, self._closing_drafts = self._closing_drafts, []
-        if not closing:
-            for row, state, tokens in drafts:  # their main row was not closing after all
-                self._fill_after(state, row, tokens)
-            return
-        if top is None and not may_fetch:
-            top_of = {row: np.zeros(0, dtype=np.int64) for row, _ in closing}
-        elif top is None:
-            rows = [row for row, _ in closing]
-            index = torch.tensor(rows, device=logits.device)
-            picked = logits.index_select(0, index).topk(top_k(logits), dim=1).indices
-            top_of = dict(zip(rows, fetch_to_host(picked), strict=True))
-        else:
-            top_of = {row: top[row] for row, _ in closing}
-        for row, state in closing:
-            candidates = top_of[row]
-            matcher, plan = state.matcher, state.plan
-            if matcher is None or plan is None or matcher.error is not None:
-                continue
-            allowed = allowed_ids(self.bitmask[row], self.vocab.width)
-            keep = plan.restrict(
-                matcher, self.vocab, candidates.tolist(), allowed, state.consumed, self.scratch
-            )
-            fill_only(self.bitmask, row, keep)
-        for row, state, tokens in drafts:
-            keep = state.plan.draft_allows(tokens, self.eos) if state.plan else None
-            if keep is None:  # off the checked path: the target rejects this row's sample
-                self._fill_after(state, row, tokens)
-            else:
-                fill_only(self.bitmask, row, keep)
 
     def on_device(self, num_rows: int) -> torch.Tensor:
         """The first ``num_rows`` rows on the logits' device (non-blocking upload)."""
         return self._uploader.upload({"bitmask": self.bitmask}, rows=num_rows)["bitmask"][:num_rows]
-
-
-def top_k(logits: torch.Tensor) -> int:
-    return min(CANDIDATES, logits.shape[1])
 
 
 class V1MaskFill:
@@ -359,8 +336,8 @@ class V1MaskFill:
         self._filled = done
 
     def rows_to_mask(self, rows: Rows, logits: torch.Tensor) -> list[int]:
-        """Finish the fill (rows whose token was a placeholder at update time), narrow the
-        closing rows, and return the rows to mask."""
+        """Finish the fill (rows whose token was a placeholder at update time) and return
+        the rows to mask."""
         self.before_update()
         ours = self._ours(rows.count)
         missing = sorted(set(ours) - set(self._filled))
@@ -370,7 +347,6 @@ class V1MaskFill:
                 state: RowState = self.slots.payload[row]
                 self.writer.advance(state, state.output_ids[state.consumed :], row)  # type: ignore[index]
             self.writer.finish()
-        self.writer.close(logits)
         thinking = set(self.writer.thinking)
         return [row for row in ours if row not in thinking] if thinking else ours
 
@@ -396,8 +372,7 @@ class V2MaskFill:
         device-to-host sync: one copy of the row layout and of each constrained request's
         committed tokens its matcher has not seen (gathered on the device from
         ``req_states.all_token_ids``; ``ctx.seq_lens_upper_bound_np`` bounds how many). So a
-        resumed request, or accepted drafts, cost no extra sync. When a request may be
-        closing (``ClosingPlan.near``), every row's top-k token ids ride in the same copy.
+        resumed request, or accepted drafts, cost no extra sync; closing needs no logits.
         """
         ctx, num_rows = rows.ctx, rows.count
         self.writer.start_step()
@@ -423,15 +398,8 @@ class V2MaskFill:
         layout = (ctx.expanded_idx_mapping, ctx.expanded_local_pos, ctx.input_ids, ctx.pos)
         per_row = torch.stack([t.long() for t in layout]).flatten()
         parts = [per_row, tokens[index[0], index[1]].long()]
-        near = any(self._near(self.slots.payload[s]) for s in slots)
-        if near:
-            parts.append(logits[:num_rows].topk(top_k(logits), dim=1).indices.flatten())
         host = fetch_to_host(torch.cat(parts))
         row_slot, local, input_ids, pos = host[: 4 * num_rows].reshape(4, num_rows)
-        top = None
-        if near:
-            top = host[-num_rows * top_k(logits) :].reshape(num_rows, top_k(logits))
-            host = host[: -num_rows * top_k(logits)]
         history = host[4 * num_rows :]
         unseen = {
             int(s): (int(o), int(b), int(k))
@@ -458,10 +426,5 @@ class V2MaskFill:
             else:  # row k of a request: drafts fed at its rows 1..k
                 self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
         self.writer.finish()
-        self.writer.close(logits, top, may_fetch=False)  # the step's one copy is spent
         thinking = set(self.writer.thinking)
         return [row for row in ours if row not in thinking] if thinking else ours
-
-    @staticmethod
-    def _near(state: RowState) -> bool:
-        return state.plan is not None and state.plan.near(state.consumed)

@@ -1,0 +1,358 @@
+"""Finishing by ``max_tokens``: the layer of a grammar row that keeps a completion in reach.
+
+``ClosingMatcher`` wraps the rest of a request's stack (backend matcher, array checks) and
+knows the request's budget: ``left`` tokens it may still emit, end-of-sequence included. A
+token ``t`` is *safe* when some completion follows it in time: ``1 + d(t) + 1 <= left``,
+where ``d(t)`` is the length of a completion found from the state after ``t`` (a witness,
+``closing.find_witness``; an upper bound of the true shortest, checked by the matcher).
+
+The row is left exactly as the layers below wrote it while no allowed token can be unsafe,
+and narrowed to exactly its safe tokens otherwise:
+
+- **Far** (``left - 2 >= need + grow``): ``need`` is the current witness's length and
+  ``grow`` bounds how much one token raises it (``GROW``, raised to the largest rise any
+  exact check of this request has seen). Nothing is checked and nothing is cleared. The
+  witness is followed for free while the output takes its tokens; otherwise its bound rises
+  by ``grow`` per token until it must be refreshed (the old witness still completing is one
+  ``try_consume``; else a walk).
+- **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
+  its tail, nothing) completing in time, else a walk from after ``t`` (at most ``WALKS`` a
+  step; a token left unchecked is cleared, so a narrowed row never holds an unsafe token).
+  A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
+  of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
+  are one class): its shortest and longest member stand for it; a class where either
+  fails is checked token by token (``CLASS_CHECKS`` of them; the rest are cleared). A
+  member taken on its class's word is not trusted as a witness: the next step checks it.
+
+So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
+never narrows a row, and from the first narrowed step on every allowed token keeps a
+completion in reach, so the output completes by ``max_tokens``. A single token that raises
+the need by more than ``grow`` while far can still leave too little room; the request then
+runs on with the grammar's own row and is cut at ``max_tokens`` (``length``, never a
+``stop`` on an incomplete output), and the engine logs it once.
+
+Example::
+
+    stack = ClosingMatcher(compiled.matcher(), vocab, limit=params.max_tokens)
+    stack.consume(new_tokens)
+    stack.fill(bitmask, row)   # the grammar's row, narrowed only near the budget
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from constrained.grammars.closing import allowed_ids, completes, find_witness
+from constrained.grammars.matcher import Matcher, MatcherWrapper, words_for
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.vocab import Vocab
+
+logger = logging.getLogger(__name__)
+
+GROW = 8  # the rise of the need one token is assumed to cause at most, until one is seen
+EXACT_MAX = 1024  # rows allowing more tokens are checked per class
+WALKS = 8  # walks per narrowed row, for tokens no known suffix completes after
+CLASS_CHECKS = 64  # members of a wide row's class checked one by one when its ends differ
+_PLAIN = np.ones(256, dtype=bool)
+_PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
+
+
+def token_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's structure class (runs of plain bytes collapsed) and its byte length."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        keys: dict[bytes, int] = {}
+        classes = np.full(vocab.width, -1, dtype=np.int64)
+        lengths = np.zeros(vocab.width, dtype=np.int64)
+        for token, piece in enumerate(vocab.token_bytes()):
+            if not piece:
+                continue
+            key = bytearray()
+            for byte in piece:
+                plain = _PLAIN[byte]
+                if not (plain and key[-1:] == b"\x00"):
+                    key.append(0 if plain else byte)
+            # A piece that starts or ends inside a UTF-8 character is not plain text: it
+            # needs (or continues) bytes of that character.
+            key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
+            classes[token] = keys.setdefault(bytes(key), len(keys))
+            lengths[token] = len(piece)
+        return classes, lengths
+
+    return vocab._once("closing_classes", build)
+
+
+def _leading_continuations(piece: bytes) -> int:
+    """UTF-8 continuation bytes (10xxxxxx) a piece starts with."""
+    count = 0
+    while count < len(piece) and piece[count] & 0xC0 == 0x80:
+        count += 1
+    return min(count, 4)
+
+
+def _open_bytes(piece: bytes) -> int:
+    """Continuation bytes still owed by a UTF-8 character the piece ends inside (0 if none)."""
+    for back in range(1, min(4, len(piece)) + 1):
+        byte = piece[-back]
+        if byte & 0xC0 != 0x80:  # the last character's lead byte
+            size = (
+                2
+                if byte & 0xE0 == 0xC0
+                else 3
+                if byte & 0xF0 == 0xE0
+                else 4
+                if byte & 0xF8 == 0xF0
+                else 1
+            )
+            return max(size - back, 0)
+    return 0
+
+
+class ClosingMatcher(MatcherWrapper):
+    """The stack below (``inner``) plus the budget: every output completes by ``limit``."""
+
+    def __init__(
+        self, inner: Matcher, vocab: Vocab, limit: int, hints: Sequence[list[int]] = ()
+    ) -> None:
+        super().__init__(inner)
+        self.vocab = vocab
+        self.eos = vocab.eos_token_id
+        self.limit = limit  # max_tokens: output tokens, end-of-sequence included
+        self.spent = 0  # output tokens before this stack's first (a thinking block)
+        self.count = 0  # tokens consumed through this layer (look-aheads included)
+        self.grow = GROW
+        self.witness: list[int] | None = None  # a completion from the committed state
+        self.need_bound = 1 << 30  # upper bound of the need while the witness is unknown
+        self.safe: dict[int, list[int]] = {}  # last checked row: token -> its suffix
+        self.by_class: dict[int, list[int]] = {}  # ... a wide row's class -> its ends' suffix
+        # Suffixes to try before a walk; at first, a preempted request's earlier stack's
+        # (``suffixes``): a fresh walk may find only longer ones.
+        self.candidates: list[list[int]] = sorted(hints, key=len)
+        self.ahead: list[int] = []  # look-ahead tokens past the committed state
+        self.narrowed = False  # the last committed row was narrowed
+        self.warned = False
+        self._scratch: torch.Tensor | None = None
+
+    # -- the budget -----------------------------------------------------------------------
+
+    @property
+    def left(self) -> int:
+        """Tokens the request may still emit here, end-of-sequence included."""
+        return self.limit - self.spent - self.count
+
+    # -- following the output -------------------------------------------------------------
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        tokens = list(tokens)
+        ok = self.inner.consume(tokens)
+        self.count += len(tokens)
+        self.ahead = []
+        self._follow(tokens)
+        return ok and self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        taken = self.inner.try_consume(tokens) if self.error is None else 0
+        self.count += taken
+        self.ahead.extend(list(tokens)[:taken])
+        return taken
+
+    def rollback(self, num_tokens: int) -> None:
+        if not num_tokens:
+            return
+        self.inner.rollback(num_tokens)
+        self.count -= num_tokens
+        if num_tokens <= len(self.ahead):
+            del self.ahead[len(self.ahead) - num_tokens :]
+        else:  # committed tokens undone: what was known of the state is gone
+            self.ahead, self.witness, self.safe, self.by_class = [], None, {}, {}
+            self.candidates = []
+            self.need_bound = 1 << 30
+
+    def _follow(self, new: list[int]) -> None:
+        """The witness after committed ``new`` tokens, where it follows for free."""
+        witness, safe, by_class = self.witness, self.safe, self.by_class
+        self.safe, self.by_class = {}, {}
+        if not new:
+            return
+        start, rest = (safe[new[0]], new[1:]) if new[0] in safe else (witness, new)
+        if start is not None and rest == start[: len(rest)]:
+            self.witness, self.candidates = start[len(rest) :], []
+            self.need_bound = len(self.witness)
+            return
+        # Off the witness: it may still complete (text inside a string), or its class's
+        # suffix may, or neither; the need rises by at most ``grow`` a token.
+        classes = token_classes(self.vocab)[0]
+        found = by_class.get(int(classes[new[0]])) if len(new) == 1 else None
+        tries = [found] if found is not None else list(self.candidates)
+        if witness is not None:
+            tries += [witness, witness[1:]]
+            self.need_bound = len(witness)
+        self.need_bound += self.grow * len(new)
+        self.candidates = sorted(tries, key=len)
+        self.witness = None
+
+    def suffixes(self) -> list[list[int]]:
+        """Every completion this layer knows of (and each one's tails: drafts may have taken
+        a suffix's first tokens), for the stack of a resumed request (``hints``)."""
+        known = [*self.safe.values(), *self.by_class.values(), *self.candidates]
+        if self.witness is not None:
+            known.append(self.witness)
+        return [suffix[k:] for suffix in known for k in range(len(suffix) + 1)]
+
+    def _known_witness(self) -> list[int] | None:
+        """A witness from the current state (committed plus look-ahead), found cheaply if
+        possible: the committed witness along the look-ahead, or it still completing."""
+        witness, ahead = self.witness, self.ahead
+        if witness is not None and ahead and ahead == witness[: len(ahead)]:
+            return witness[len(ahead) :]
+        tries = [witness] if witness is not None else []
+        if not ahead:
+            if witness is not None:
+                return witness
+            tries = self.candidates
+        return next((s for s in tries if completes(self.inner, s)), None)
+
+    def _walk(self, limit: int) -> list[int] | None:
+        if self._scratch is None:
+            import torch
+
+            self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
+        return find_witness(self.inner, self.vocab, limit, self._scratch)
+
+    def need(self) -> int | None:
+        """The current witness's length (walking for one if needed); None: none found."""
+        witness = self._known_witness()
+        if witness is None:
+            witness = self._walk(max(self.left - 1, 0))
+        if not self.ahead:
+            self.witness = witness
+            self.need_bound = len(witness) if witness is not None else 1 << 30
+        return len(witness) if witness is not None else None
+
+    # -- the row -------------------------------------------------------------------------
+
+    def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.error is not None:
+            return
+        committed = not self.ahead
+        if committed:
+            self.narrowed = False
+        left = self.left
+        if left - 2 >= self._bound() + self.grow:
+            return  # far: no allowed token can be unsafe
+        witness = self._known_witness()
+        if witness is None:
+            witness = self._walk(max(left - 1, 0))
+        if committed:
+            self.witness, self.candidates = witness, []
+            self.need_bound = len(witness) if witness is not None else 1 << 30
+        if witness is None or len(witness) + 1 > left:
+            self._warn(left, None if witness is None else len(witness) + 1)
+            return  # no completion found in reach: the grammar's row, and a cut
+        if left - 2 >= len(witness) + self.grow:
+            return
+        safe, by_class, unsafe = self._sort_tokens(bitmask, row, witness, left)
+        if committed:
+            self.safe, self.by_class, self.narrowed = safe, by_class, bool(unsafe)
+        if unsafe:
+            words = bitmask[row].numpy().view(np.uint32)
+            ids = np.asarray(unsafe, dtype=np.int64)
+            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+
+    def _bound(self) -> int:
+        """An upper bound of the need at the current state (committed or look-ahead)."""
+        ahead = self.ahead
+        if not ahead:
+            return self.need_bound
+        witness = self.witness
+        if witness is not None and ahead == witness[: len(ahead)]:
+            return len(witness) - len(ahead)
+        return self.need_bound + self.grow * len(ahead)
+
+    def _sort_tokens(
+        self, bitmask: torch.Tensor, row: int, witness: list[int], left: int
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[int]]:
+        """The allowed tokens checked to keep a completion within ``left`` (with their
+        suffixes), the wide row's classes kept on their ends' word (with the longer end's
+        suffix), and the tokens that do not keep one (or were not checked)."""
+        allowed = np.flatnonzero(allowed_ids(bitmask[row], self.vocab.width))
+        allowed = allowed[allowed != self.eos]  # the layers below allow it only if complete
+        safe: dict[int, list[int]] = {}
+        by_class: dict[int, list[int]] = {}
+        unsafe: list[int] = []
+        walks = [WALKS]
+        if allowed.size <= EXACT_MAX:
+            for token in allowed.tolist():
+                if self._check(token, witness, left, safe, walks) is None:
+                    unsafe.append(token)
+            return safe, by_class, unsafe
+        classes, lengths = token_classes(self.vocab)
+        members = classes[allowed]
+        order = np.lexsort((lengths[allowed], members))
+        ordered, keys = allowed[order], members[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        ends = np.r_[starts[1:], keys.size]
+        for begin, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            group = ordered[begin:end].tolist()
+            ends_ok = [self._check(t, witness, left, safe, walks) for t in {group[0], group[-1]}]
+            if all(found is not None for found in ends_ok):  # they stand for the class
+                by_class[int(keys[begin])] = max(ends_ok, key=len)  # type: ignore[arg-type]
+                continue
+            checked = group[1:-1][:CLASS_CHECKS]
+            unsafe += [t for t in checked if self._check(t, witness, left, safe, walks) is None]
+            unsafe += group[1:-1][CLASS_CHECKS:]
+            unsafe += [t for t in {group[0], group[-1]} if t not in safe]
+        return safe, by_class, unsafe
+
+    def _check(
+        self,
+        token: int,
+        witness: list[int],
+        left: int,
+        safe: dict[int, list[int]],
+        walks: list[int],
+    ) -> list[int] | None:
+        """The suffix that completes after ``token`` in time (recorded in ``safe``)."""
+        room = left - 2
+        tries = [witness[1:]] if witness and token == witness[0] else []
+        tries += [witness, witness[1:], []]
+        for suffix in tries:
+            if len(suffix) <= room and completes(self.inner, [token, *suffix]):
+                safe[token] = list(suffix)
+                self.grow = max(self.grow, len(suffix) - len(witness))
+                return safe[token]
+        if walks[0] <= 0 or room < 0:
+            return None
+        walks[0] -= 1
+        if self.inner.try_consume([token]) != 1:
+            return None
+        try:
+            found = self._walk(room)
+        finally:
+            self.inner.rollback(1)
+        if found is not None:
+            safe[token] = found
+            self.grow = max(self.grow, len(found) - len(witness))
+        return found
+
+    def _warn(self, left: int, needed: int | None) -> None:
+        """Say once, in the engine's log, that this request may be cut at ``max_tokens``."""
+        if self.warned or self.ahead:
+            return
+        self.warned = True
+        found = f"needs {needed} tokens" if needed is not None else "none"
+        logger.warning(
+            "constrained: no completion of an output found within max_tokens=%d (%d tokens "
+            "left; the shortest found: %s): it may be cut at max_tokens (docs/budget.md, "
+            "where closing cannot apply)",
+            self.limit,
+            left,
+            found,
+        )

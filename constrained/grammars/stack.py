@@ -1,0 +1,32 @@
+"""A request's grammar row as a stack of matchers (``matcher.py`` states the contract).
+
+Built once, when the request joins the engine, from the compiled grammar (whose
+``matcher()`` is the backend's matcher, with the array checks already over it where the
+schema has them: ``checked_matcher.CheckedGrammar``) and the request's budget. Bottom to top:
+
+1. the backend's matcher (llguidance, xgrammar, outlines-core);
+2. ``CheckedMatcher``: ``uniqueItems`` / ``contains`` (JSON schemas that use them);
+3. ``ClosingMatcher``: every output complete by ``max_tokens`` (``close_at_max_tokens``).
+
+A new rule on grammar rows is one more ``MatcherWrapper`` placed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from constrained.grammars.closing_matcher import ClosingMatcher
+
+if TYPE_CHECKING:
+    from constrained.grammars.matcher import Matcher
+    from constrained.grammars.vocab import Vocab
+
+
+def build_stack(
+    compiled: Any, vocab: Vocab, limit: int | None, hints: Sequence[list[int]] = ()
+) -> Matcher:
+    """The stack for one request: ``limit`` is its ``max_tokens`` when it closes by them;
+    ``hints``: completions a preempted request's earlier stack knew (checked before use)."""
+    matcher = compiled.matcher()
+    return ClosingMatcher(matcher, vocab, limit, hints) if limit is not None else matcher
