@@ -13,7 +13,19 @@ check:
   (an ``enum`` of plain scalars, bounded integers ...) a token leaving an item no value
   still allowed starts with, or a ``,`` when none is left; a literal repeating an item, at
   its first letter; a number repeating one where the backend lets it go no further; with
-  llguidance, a token after which the bytes the grammar forces complete a repeat.
+  llguidance, a token after which the bytes the grammar forces complete a repeat (or a
+  match past ``maxContains``).
+
+No dead ends, by construction: what an array still needs is counted against the room it
+has. Over a finite item domain, a value is allowed only if the array can still be completed
+after it (``CheckPlan.values_left``: unused values, matches still needed for ``minContains``
+and items for ``minItems`` within ``maxItems``, none past ``maxContains``). Otherwise, when
+the items left under ``maxItems`` equal the matches still needed, the next item must match:
+from its first token only prefixes of matching items found ahead are allowed (values guessed
+from the item's subschemas, ``sample_values``, each checked by consuming it and rolling
+back), and an item that completes without matching is refused. Checks no array can meet are
+refused when the grammar is compiled (``array_checks``); where the subschema allows other
+values, the ``[`` that would open such an array is refused.
 
 Cost, per step of a row inside a checked array (measured 60-150 µs on the 2-core CPU,
 ``benchmarks/array_checks.py``): the row's words ANDed with the tokens that can complete an
@@ -21,11 +33,11 @@ item or close or open an array there (``json_scan.TokenReach``), then each of th
 followed in Python (over a finite domain, every allowed token). Rows outside checked
 arrays pay the AND for a ``[`` / ``]`` (an array opened or closed within one token).
 
-Where the checks leave a row no token at all (an ``enum`` whose values are used up where
-``minItems`` asks for more, ``contains`` that nothing within ``maxItems`` can still meet),
-only end-of-sequence is allowed; taking it ends the request with ``error`` set and a
-warning, its output incomplete rather than invalid. A fill ahead (a witness walk, a draft
-row) that meets such a row leaves no trace once rolled back.
+If a row is left with no token anyway, that is a bug: the row the layers below wrote is
+kept (the output still parses, though a check may break), ``stuck`` is set and an error
+logged; end-of-sequence alone is never written for it (a ``stop`` is a complete, valid
+output). ``forced`` steers witness walks (``closing.find_witness``) into ``contains``
+matches. Look-aheads (a witness walk, a draft row) leave no trace once rolled back.
 """
 
 from __future__ import annotations
@@ -561,13 +573,26 @@ class CheckedMatcher(MatcherWrapper):
         item's start (or before its ``,``), a matching item's."""
         scan = self.scan
         index = _innermost_checked(scan)
-        if index is None or index != len(scan.stack) - 1 or scan.mode not in (VALUE, AFTER):
+        if index is None or index != len(scan.stack) - 1:
             return []
         frame = scan.stack[index]
         if not frame.rules.contains:
             return []
         needed = self._needed(frame, forced=True)
         if not needed:
+            return []
+        if scan.mode == SCALAR and not scan.literal:  # a number: end it if it matches
+            written = bytes(self.text[frame.item_start :])
+            texts = self._matching.get(self._state(frame, needed))
+            comma = self.reach.by_bytes.get(b",")
+            more = any(frame.rules.contains[i].at_least - frame.matched[i] > 1 for i in needed)
+            if not (more and texts and written in texts and comma is not None):
+                return []
+            if self.try_consume([comma]):
+                self.rollback(1)
+                return [comma]
+            return []
+        if scan.mode not in (VALUE, AFTER):
             return []
         lead = b"," if scan.mode == AFTER else b""
         for wanted in (needed, *((i,) for i in needed)):
