@@ -136,16 +136,41 @@ def owner_of(option: str) -> str:
 
 
 def refuse_unregistered(options: Options, registered: Iterable[str | type]) -> None:
-    """Refuse an option whose processor this engine did not register (never drop it)."""
-    applied = options_applied_by(registered)
+    """Refuse an option whose processor is not among ``registered`` (entries)."""
+    refuse_not_applied(options, options_applied_by(registered))
+
+
+def refuse_not_applied(
+    options: Options, applied: frozenset[str], reasons: Mapping[str, str] | None = None
+) -> None:
+    """Refuse an option this engine does not apply (never drop it): ``applied``, the options
+    its processors apply; ``reasons``, why an option is not applied although its processor
+    is installed (vLLM builds none here: ``plugin.applied_options``)."""
+    reasons = reasons or {}
     for name in type(options).model_fields:  # field order: the same error every time
         if getattr(options, name) is not None and name not in applied:
+            if name in reasons:
+                raise OptionError(name, f"is not applied by this engine: {reasons[name]}")
             raise OptionError(
                 name,
                 f"is not applied by this engine: its processor {owner_of(name)} is not "
-                "registered. Register constrained.LOGITS_PROCESSORS (LLM(logits_processors="
-                "...)) or start the server with `python -m constrained serve`.",
+                "registered. Install the package (`pip install constrained`: vLLM then loads "
+                "all its processors from entry points) and name none of them, or register "
+                "all of constrained.LOGITS_PROCESSORS (LLM(logits_processors=...), "
+                "--logits-processors).",
             )
+
+
+def engine_applies(model_config: Any, vllm_config: Any = None) -> tuple[frozenset[str], dict]:
+    """The options this engine applies and why others are not (``plugin.applied_options``:
+    the flag's processors and the installed entry points vLLM builds here)."""
+    from constrained.plugin import applied_options
+
+    if vllm_config is None:  # only the model config known: the flag's list, entry points
+        from types import SimpleNamespace
+
+        vllm_config = SimpleNamespace(model_config=model_config)
+    return applied_options(vllm_config)
 
 
 # ---- constraints ------------------------------------------------------------------------------
@@ -257,24 +282,29 @@ def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: i
 
 
 def _check(
-    options: Options | None, model_config: Any, tokenizer: Any = None, params: Any = None
+    options: Options | None,
+    model_config: Any,
+    tokenizer: Any = None,
+    params: Any = None,
+    vllm_config: Any = None,
 ) -> None:
     if options is None:
         return
-    registered = getattr(model_config, "logits_processors", None) or ()
-    refuse_unregistered(options, registered)
+    applied, reasons = engine_applies(model_config, vllm_config)
+    refuse_not_applied(options, applied, reasons)
     closes = params is not None and closes_at_budget(options, params)
     compile_constraint(options, model_config, tokenizer, params.max_tokens if closes else None)
 
 
-def admit(params: Any, model_config: Any, tokenizer: Any = None) -> None:
+def admit(params: Any, model_config: Any, tokenizer: Any = None, vllm_config: Any = None) -> None:
     """Every admission check for one request's ``SamplingParams``.
 
     Raises:
         OptionError: the first problem, naming the option.
     """
     width = int(model_config.get_vocab_size())
-    _check(options_from_params(params, logits_width=width), model_config, tokenizer, params)
+    options = options_from_params(params, logits_width=width)
+    _check(options, model_config, tokenizer, params, vllm_config)
 
 
 def validate_at_admission(params: Any) -> None:
@@ -328,7 +358,7 @@ def _admit_once(params: Any, owner: Any) -> None:
     """The admission itself, for one request on the engine of vLLM's ``InputProcessor``."""
     tokenizer = loaded_tokenizer(owner)
     prepare_request(params, getattr(owner, "vllm_config", None), tokenizer)
-    admit(params, owner.model_config, tokenizer)
+    admit(params, owner.model_config, tokenizer, getattr(owner, "vllm_config", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,7 +452,7 @@ def check_xargs(
         xargs = with_default_reasoning_end(xargs, marker) or xargs  # as admission will
         options = parse_extra_args(xargs, logits_width=width)
         if model_config is not None:
-            _check(options, model_config, tokenizer, budget)
+            _check(options, model_config, tokenizer, budget, vllm_config)
     except OptionError as exc:
         return str(exc)
     except Exception:  # anything unexpected: let the engine's own check answer
@@ -463,8 +493,30 @@ VLLM_EXTRA_ARGS_KEYS = frozenset(
 ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
 
 
+# How close a key must be to one of our option names to be taken for a typo of it.
+NEAR_MISS = 0.75
+
+
+def near_miss(key: str) -> str | None:
+    """The option of ours ``key`` is probably a typo of (case, hyphens, spaces, or a close
+    spelling), or ``None``."""
+    names = [*Options.model_fields, *VLLM_OCR_ALIASES]
+    normal = key.strip().lower().replace("-", "_").replace(" ", "_")
+    if normal in names:
+        return normal
+    hint = difflib.get_close_matches(normal, names, n=1, cutoff=NEAR_MISS)
+    return hint[0] if hint else None
+
+
 def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
-    """Refuse a key that is neither ours, vLLM's, nor declared for another plugin."""
+    """Refuse a key that looks like a typo of one of ours; pass the keys that are nobody's
+    we know (another plugin's processors read them; vLLM passes ``extra_args`` through).
+
+    A key is accepted when it is ours, vLLM's, or declared for another plugin
+    (``CONSTRAINED_ALLOWED_EXTRA_ARGS``). Otherwise it is refused when it is a near miss of
+    one of our names ("did you mean"), and, with ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=refuse``,
+    whatever it is.
+    """
     allowed = settings().allowed_extra_args
     if allowed is None:  # "*": any key
         return
@@ -473,8 +525,10 @@ def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
             continue
         if key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
             continue
-        hint = difflib.get_close_matches(str(key), list(Options.model_fields), n=1, cutoff=0.6)
-        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
+        hint = near_miss(str(key))
+        if hint is None and not settings().refuse_unknown_extra_args:
+            continue  # nobody's we know: another plugin's, passed through as vLLM does
+        did_you_mean = f" Did you mean '{hint}'?" if hint else ""
         raise OptionError(
             str(key),
             f"unknown option.{did_you_mean} Known options: {', '.join(Options.model_fields)}. "

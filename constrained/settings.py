@@ -13,7 +13,9 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_COMPILE_TIMEOUT_S`` | 10 | longest a constraint may take to compile at admission |
 | ``CONSTRAINED_MAX_SCHEMA_BYTES`` | 4 MiB | largest ``json_schema`` accepted |
 | ``CONSTRAINED_MAX_REGEX_SIZE`` | 20000 | largest unrolled ``regex`` / schema ``pattern`` |
-| ``CONSTRAINED_ALLOWED_EXTRA_ARGS`` | (none) | ``extra_args`` keys of other plugins (``*``: any) |
+| ``CONSTRAINED_ALLOWED_EXTRA_ARGS`` | (none) | keys of other plugins close to ours (``*``: any) |
+| ``CONSTRAINED_UNKNOWN_EXTRA_ARGS`` | ``pass`` | keys nobody we know reads: pass or refuse |
+| ``CONSTRAINED_ENTRY_POINTS`` | 1 | 0: the installed (entry-point) processors stay inert |
 | ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our state (one per worker) |
 | ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
 | ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
@@ -45,6 +47,10 @@ class Settings:
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
     route_structured_outputs: bool = False
+    # Refuse extra_args keys that are nobody's we know (default: pass them, as vLLM does).
+    refuse_unknown_extra_args: bool = False
+    # False: the processors vLLM loads from our entry points stay inert (opt-out).
+    entry_points: bool = True
     # The server's vLLM tool parser: which call styles it reads back as we write them.
     tool_call_parser: str | None = None
 
@@ -84,7 +90,17 @@ def _from_environment() -> Settings:
             "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", defaults.route_structured_outputs
         ),
         tool_call_parser=os.environ.get("CONSTRAINED_TOOL_CALL_PARSER") or None,
+        refuse_unknown_extra_args=_choice("CONSTRAINED_UNKNOWN_EXTRA_ARGS", ("pass", "refuse"))
+        == "refuse",
+        entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
     )
+
+
+def _choice(name: str, values: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().lower() or values[0]
+    if raw not in values:
+        raise ValueError(f"{name}={raw!r} must be one of {', '.join(values)}")
+    return raw
 
 
 def _switch(name: str, default: bool) -> bool:

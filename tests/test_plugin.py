@@ -1,0 +1,175 @@
+"""The vLLM plugin without an engine: entry points installed and accepted by both of vLLM's
+loaders, what an engine applies (flag, entry points, and where vLLM builds none), through
+vLLM's own admission code (``InputProcessor._validate_params``), and the keys of others.
+
+The engine side (``LLM(model)`` with no flag) is the session ``llm`` fixture itself
+(``conftest.py``); the stock server with ``VLLM_PLUGINS`` is ``test_plugin_server.py``.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+
+import constrained
+from constrained import plugin
+from constrained.admission import resolve_processor
+
+
+def _fqcn(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def test_entry_points_are_ours_in_application_order():
+    loaded = [e.load() for e in entry_points(group=plugin.LOGITS_GROUP)]
+    ours = [cls for cls in loaded if issubclass(cls, plugin.EntryPoint)]
+    assert ours == list(plugin.ENTRY_POINT_CLASSES)
+    parents = [_fqcn(cls.__mro__[2]) for cls in ours]
+    assert parents == constrained.LOGITS_PROCESSORS
+    for cls, entry in zip(ours, constrained.LOGITS_PROCESSORS, strict=True):
+        assert cls.__name__ == resolve_processor(entry).__name__  # stats key by class name
+        assert cls.OPTIONS == resolve_processor(entry).OPTIONS
+    [endpoint] = [e for e in entry_points(group=plugin.ENDPOINT_GROUP) if e.name == "constrained"]
+    assert endpoint.load()().name == plugin.PLUGIN_NAME
+
+
+def test_both_vllm_loaders_accept_the_entry_points():
+    """V1's loader and V2's (which rejects V1-interface plugins) load every one of ours."""
+    from vllm.v1.sample.logits_processor import _load_logitsprocs_plugins
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_plugins
+
+    for loaded in (_load_logitsprocs_plugins(), _load_v2_logitsprocs_plugins()):
+        assert [c for c in loaded if issubclass(c, plugin.EntryPoint)] == list(
+            plugin.ENTRY_POINT_CLASSES
+        )
+
+
+def test_entry_point_is_inert_when_the_flag_names_ours():
+    config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=["x.y:Other"]))
+    assert plugin.entry_points_active(config)
+    for flag in (
+        constrained.LOGITS_PROCESSORS,
+        [resolve_processor(constrained.LOGITS_PROCESSORS[0])],
+    ):
+        config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=flag))
+        assert not plugin.entry_points_active(config)
+        proc = plugin.GrammarMaskProcessor(config, torch.device("cpu"), False)
+        logits = torch.zeros(2, 8)
+        assert proc.inert and proc.apply(logits) is logits
+        assert proc.add_request(0, SamplingParams(extra_args={"regex": "a"})) is False
+        proc.update_state(None)
+        proc.apply_staged_writes()
+
+
+def _config(**changes):
+    model_config = SimpleNamespace(logits_processors=None, runner_type="generate")
+    base = dict(model_config=model_config, use_v2_model_runner=False, speculative_config=None,
+                scheduler_config=SimpleNamespace(async_scheduling=False))  # fmt: skip
+    base.update(changes)
+    return SimpleNamespace(**base)
+
+
+def test_applied_options_where_vllm_builds_none():
+    every = frozenset(constrained.Options.model_fields) - {"close_at_max_tokens"}
+    applied, reasons = plugin.applied_options(_config())
+    assert {"json_schema", "min_p", "dry_multiplier", "xtc_probability"} <= applied
+    assert not reasons
+    pooling = _config(model_config=SimpleNamespace(logits_processors=None, runner_type="pooling"))
+    applied, reasons = plugin.applied_options(pooling)
+    assert not applied and "pooling" in reasons["json_schema"]
+    spec = _config(speculative_config=SimpleNamespace(num_speculative_tokens=2))
+    applied, reasons = plugin.applied_options(spec)
+    assert not applied and "speculative decoding" in reasons["min_p"]
+    # V2 builds entry points with speculative decoding.
+    applied, _ = plugin.applied_options(_config(use_v2_model_runner=True, speculative_config=1))
+    assert "json_schema" in applied
+    # V1 + async scheduling: processors reading output tokens are refused, others kept.
+    async_v1 = _config(scheduler_config=SimpleNamespace(async_scheduling=True))
+    applied, reasons = plugin.applied_options(async_v1)
+    assert {"min_p", "logit_bias", "xtc_probability", "top_n_sigma"} <= applied
+    assert "json_schema" in reasons and "async scheduling" in reasons["frequency_penalty"]
+    assert every & applied | set(reasons) >= {"json_schema", "dry_multiplier", "min_p"}
+
+
+@pytest.fixture(scope="module")
+def frontend(tiny_model_dir):
+    """vLLM's real config and InputProcessor for the tiny model with NO logits_processors."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from constrained.demo import engine_kwargs
+
+    config = EngineArgs(model=tiny_model_dir, **engine_kwargs()).create_engine_config()
+    assert not config.model_config.logits_processors
+    renderer = InputProcessor(config).renderer
+
+    def admit(extra_args: dict, **config_changes) -> None:
+        saved = {k: getattr(config, k) for k in config_changes}
+        try:
+            for key, value in config_changes.items():
+                object.__setattr__(config, key, value)
+            processor = InputProcessor(config, renderer)
+            processor._validate_params(
+                SamplingParams(max_tokens=32, extra_args=extra_args), ("generate",)
+            )
+        finally:
+            for key, value in saved.items():
+                object.__setattr__(config, key, value)
+
+    return admit
+
+
+def test_stock_admission_checks_our_options_without_a_flag(frontend):
+    frontend({"json_schema": '{"type": "integer"}', "min_p": 0.1, "dry_multiplier": 0.5})
+    with pytest.raises(VLLMValidationError, match="'min_p'"):
+        frontend({"min_p": 2.0})
+    with pytest.raises(VLLMValidationError, match="Did you mean 'json_schema'"):
+        frontend({"json_shema": "{}"})
+
+
+def test_refused_where_vllm_builds_no_processors(frontend):
+    """V1 with speculative decoding builds no entry-point processors: refused, not dropped."""
+    spec = SimpleNamespace(num_speculative_tokens=2)
+    with pytest.raises(VLLMValidationError, match=r"'regex'.*speculative decoding"):
+        frontend({"regex": "[0-9]+"}, speculative_config=spec)
+    frontend({"other_plugin_scale": 2.0}, speculative_config=spec)  # not ours: passed
+
+
+def test_keys_of_other_plugins_pass_and_near_misses_of_ours_do_not(frontend, monkeypatch):
+    from constrained.settings import reset
+
+    frontend({"other_plugin_scale": 2.0, "regex": "[0-9]+", "session_id": "s"})
+    for typo, ours in [("min_pp", "min_p"), ("Min-P", "min_p"), ("regx", "regex"),
+                       ("frequency_penality", "frequency_penalty")]:  # fmt: skip
+        with pytest.raises(VLLMValidationError, match=f"Did you mean '{ours}'"):
+            frontend({typo: 0.1})
+    monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "min_q")
+    monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "refuse")
+    reset()
+    try:
+        frontend({"min_q": 0.1})  # declared for another plugin
+        with pytest.raises(VLLMValidationError, match="'other_plugin_scale'"):
+            frontend({"other_plugin_scale": 2.0})
+    finally:
+        monkeypatch.undo()
+        reset()
+
+
+def test_opt_out_makes_entry_points_inert(frontend, monkeypatch):
+    from constrained.settings import reset
+
+    monkeypatch.setenv("CONSTRAINED_ENTRY_POINTS", "0")
+    reset()
+    try:
+        with pytest.raises(
+            VLLMValidationError, match=r"'min_p': is not applied .*CONSTRAINED_ENTRY_POINTS=0"
+        ):
+            frontend({"min_p": 0.1})
+    finally:
+        monkeypatch.undo()
+        reset()
