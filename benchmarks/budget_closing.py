@@ -95,11 +95,16 @@ def timed_batch(llm: Any, config: str, names: list[str], schemas: dict, budget: 
 
 
 def processor_cost(
-    model_dir: pathlib.Path, names: list[str], schemas: dict, steps: int, rounds: int
+    model_dir: pathlib.Path,
+    names: list[str],
+    schemas: dict,
+    steps: int,
+    rounds: int,
+    budget: int | None = None,
 ) -> dict:
     """The grammar processor alone (no engine), driven as V1 drives it: one batch of
-    ``len(names)`` requests, each in the closing window from its first token (``max_tokens =
-    2 * need + 32``, ``need`` its shortest witness), with closing on and off; a request that
+    ``len(names)`` requests at ``max_tokens = 2 * need + 32`` (``need`` its shortest
+    witness), or ``budget`` for all, with closing on and off; a request that
     ends (end-of-sequence, or cut at ``max_tokens``) is replaced in its row by a fresh one
     of the same schema, so every step has a full batch. Timed: ``update_state`` + ``apply``
     per step (the mask fill included), random logits, tokens sampled from the masked row."""
@@ -123,6 +128,8 @@ def processor_cost(
             compile_now(GrammarSpec("json_schema", texts[n]), vocab).matcher(), vocab, 256
         )
         budgets[n] = 2 * len(witness) + 32 if witness is not None else 64
+        if budget is not None:  # one budget for all (those that fit it)
+            budgets[n] = budget
     config = SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=len(names)),
         model_config=SimpleNamespace(

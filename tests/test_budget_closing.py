@@ -212,3 +212,57 @@ def test_v1_every_request_finishes_complete_by_max_tokens(vocab, config, seed):
         closing_rows,
         narrowed,
     )
+
+
+# Finite languages and their longest output in characters (so in tokens: no token is empty).
+FINITE = [
+    ({"regex": "[0-9]{2,5}"}, "llguidance", 5),
+    ({"regex": "[0-9]{2,5}"}, "xgrammar", 5),
+    ({"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "boolean"}},
+      "required": ["a"], "additionalProperties": False}), "whitespace": "compact"},
+     "llguidance", len('{"a":false}')),
+    ({"choice": ["yes", "no", "maybe later"]}, "llguidance", len("maybe later")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "backend", "longest"), FINITE)
+def test_closing_changes_nothing_while_every_path_fits(vocab, extra, backend, longest):
+    """At every budget of at least the longest output plus one (end-of-sequence), random
+    walks see every row exactly as the grammar writes it with closing off (zero distortion,
+    so the sampled distributions are the same); a tighter budget narrows, and still ends."""
+    from constrained.grammars.closing_matcher import ClosingMatcher
+
+    grammar = compile_now(spec_of(extra, backend), vocab)
+    eos = vocab.eos_token_id
+    narrowed_any = False
+    shortest = len(find_witness(grammar.matcher(), vocab, 64))
+    for limit in range(shortest + 1, longest + 8):  # admission refuses a shorter budget
+        for seed in range(4):
+            rng = random.Random(limit * 100 + seed)
+            closing, plain = ClosingMatcher(grammar.matcher(), vocab, limit), grammar.matcher()
+            output: list[int] = []
+            while True:
+                row, free = mask_of(closing), mask_of(plain)
+                if limit > longest:
+                    assert torch.equal(row, free), (extra, limit, output)
+                narrowed_any |= not torch.equal(row, free)
+                ids = allowed_ids(row[0], WIDTH).nonzero()[0]
+                token = int(rng.choice(ids))
+                if token == eos:
+                    break
+                assert len(output) + 1 < limit, f"{extra} cut at {limit}: {output}"
+                output.append(token)
+                assert closing.consume([token]) and plain.consume([token])
+            assert plain.accepts_end()
+    assert narrowed_any  # the budgets below the longest output did narrow
+
+
+def test_short_budget_keeps_every_digit(vocab):
+    """The measured case: ``[0-9]{2,5}`` at ``max_tokens=16`` (the completions API's default)
+    allowed 8 of the 10 digits under the old window; every path fits, so all 10 stay."""
+    from constrained.grammars.closing_matcher import ClosingMatcher
+
+    grammar = compile_now(GrammarSpec("regex", "[0-9]{2,5}"), vocab)
+    digits = [vocab.hf_tokenizer.encode(str(d))[0] for d in range(10)]
+    row = allowed_ids(mask_of(ClosingMatcher(grammar.matcher(), vocab, 16))[0], WIDTH)
+    assert row[digits].all()

@@ -257,34 +257,18 @@ class CheckedMatcher(MatcherWrapper):
         steering = self._steering()
         if steering:
             return steering
-        return _hook(self.inner, "forced", list)()
+        return self.inner.forced()
 
     def forced_bytes(self) -> bytes | None:
-        if self.error is not None:
-            return b""
-        return self._backend_forced_bytes()
-
-    def _backend_forced_bytes(self) -> bytes | None:
-        return _hook(self.inner, "forced_bytes", lambda: None)()
+        return self.inner.forced_bytes() if self.error is None else b""
 
     # -- masks ---------------------------------------------------------------------------
-
-    @property
-    def bottom(self) -> Matcher:
-        return self.inner.bottom if isinstance(self.inner, Matcher) else self.inner
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.error is not None:
             fill_only(bitmask, row, [self.eos])
             return
         self.inner.fill(bitmask, row)  # the layers below, their own clearing included
-        self._narrow_own(bitmask, row)
-
-    def narrow(self, bitmask: torch.Tensor, row: int) -> None:
-        """After the backend wrote ``row`` (``fill_many``): the layers below clear what they
-        refuse, then this one (``_narrow_own``)."""
-        if isinstance(self.inner, Matcher):
-            self.inner.narrow(bitmask, row)
         self._narrow_own(bitmask, row)
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
@@ -343,7 +327,7 @@ class CheckedMatcher(MatcherWrapper):
         at its ``maxLength``), which the checks would then refuse with nothing left."""
         scan = self.scan
         index = _innermost_checked(scan)
-        if index is None or self._backend_forced_bytes() is None:
+        if index is None or self.inner.forced_bytes() is None:
             return []
         frame = scan.stack[index]
         if not frame.rules.unique or not frame.raw:
@@ -371,7 +355,7 @@ class CheckedMatcher(MatcherWrapper):
         if self.inner.try_consume([token]) != 1:
             return False
         try:
-            forced = (self._backend_forced_bytes() or b"")[:MAX_FORCED]
+            forced = (self.inner.forced_bytes() or b"")[:MAX_FORCED]
         finally:
             self.inner.rollback(1)
         trial = self.scan.copy()
@@ -436,7 +420,7 @@ class CheckedMatcher(MatcherWrapper):
         written = self._item_text(frame.item_start, piece)
         if not any(len(raw) > len(written) and raw.startswith(written) for raw in frame.raw):
             return False
-        return self._backend_forced_bytes() is not None
+        return self.inner.forced_bytes() is not None
 
     def _unused_value_ahead(self, trial: Scan, index: int, piece: bytes) -> bool:
         frame = trial.stack[index]
@@ -682,7 +666,7 @@ class CheckedMatcher(MatcherWrapper):
         if not full and not self._needed(frame, forced=False):
             return
         ids = _ids(words)
-        if len(ids) > MAX_FOLLOWED or self._backend_forced_bytes() is None:
+        if len(ids) > MAX_FOLLOWED or self.inner.forced_bytes() is None:
             return
         for token in ids.tolist():
             if token != self.eos and self._forced_into_break(token):
@@ -741,14 +725,6 @@ class CheckedMatcher(MatcherWrapper):
 
 
 _LITERAL_OF = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
-
-
-def _hook(matcher: Any, name: str, default: Any) -> Any:
-    """``matcher``'s optional hook ``name`` (``Matcher``'s contract); ``default`` for a
-    backend matcher that predates the contract's base class and lacks it."""
-    if isinstance(matcher, Matcher):
-        return getattr(matcher, name)
-    return getattr(matcher, name, default)
 
 
 def _opening(pieces: list[bytes]) -> np.ndarray:

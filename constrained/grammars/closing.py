@@ -43,6 +43,8 @@ _NEVER = np.int32(1 << 30)  # rank of tokens a witness never uses (special, empt
 _CLOSER = 10  # ranks up to this close a string, object or array
 _LOOKAHEAD = 128  # tokens tried for "can the string close after it" inside a string
 _REUSE_COST = 16  # added to a token's rank each time the walk has used it
+_LITERAL = 20  # rank of JSON's short complete values
+_LITERAL_COST = 100  # their extra cost in a ``plain_text`` walk
 
 
 def _rank(piece: bytes, closers_first: bool) -> int:
@@ -60,7 +62,7 @@ def _rank(piece: bytes, closers_first: bool) -> int:
     if all(byte in b'"]}' for byte in piece):
         return _CLOSER - len(piece) if closers_first else 70  # '"}}' closes three things at once
     if piece in (b'""', b"[]", b"{}", b"null", b"true", b"false"):
-        return 20
+        return _LITERAL
     if len(piece) == 1:
         char = chr(piece[0])
         if char in ",:":
@@ -96,19 +98,26 @@ def allowed_ids(bitmask_row: torch.Tensor, width: int) -> np.ndarray:
 
 
 def find_witness(
-    matcher: Matcher, vocab: Vocab, limit: int, scratch: torch.Tensor | None = None
+    matcher: Matcher,
+    vocab: Vocab,
+    limit: int,
+    scratch: torch.Tensor | None = None,
+    plain_text: bool = False,
 ) -> list[int] | None:
     """Tokens (end-of-sequence not included) that complete the output from ``matcher``'s
     state, at most ``limit`` of them; ``None`` when the walk finds none in time.
 
     The matcher is left where it was (every consumed token is rolled back). ``scratch``: a
-    host int32 bitmask row to fill (one is made if not given).
+    host int32 bitmask row to fill (one is made if not given). ``plain_text``: rank JSON's
+    literals (``true``, ``null``...) like any other word (a regex's ``[a-z]+``).
     """
     limit = min(limit, MAX_WITNESS_TOKENS)
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
     quote = int(orders[0].argmin())  # '"', the closer ranked first
     closers = closing_sequences(vocab)
     used = np.zeros(vocab.width, dtype=np.int32)
+    if plain_text:  # a regex or grammar, not JSON: JSON's literals are no shortcut there
+        used[orders[0] == _LITERAL] = _LITERAL_COST
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     path: list[int] = []

@@ -119,7 +119,12 @@ class ClosingMatcher(MatcherWrapper):
     """The stack below (``inner``) plus the budget: every output completes by ``limit``."""
 
     def __init__(
-        self, inner: Matcher, vocab: Vocab, limit: int, hints: Sequence[list[int]] = ()
+        self,
+        inner: Matcher,
+        vocab: Vocab,
+        limit: int,
+        hints: Sequence[list[int]] = (),
+        scratch: torch.Tensor | None = None,
     ) -> None:
         super().__init__(inner)
         self.vocab = vocab
@@ -132,13 +137,15 @@ class ClosingMatcher(MatcherWrapper):
         self.need_bound = 1 << 30  # upper bound of the need while the witness is unknown
         self.safe: dict[int, list[int]] = {}  # last checked row: token -> its suffix
         self.by_class: dict[int, list[int]] = {}  # ... a wide row's class -> its ends' suffix
+        # The same for draft rows since the last commit, by the look-ahead before them.
+        self.drafts: dict[tuple[int, ...], tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
         # Suffixes to try before a walk; at first, a preempted request's earlier stack's
         # (``suffixes``): a fresh walk may find only longer ones.
         self.candidates: list[list[int]] = sorted(hints, key=len)
         self.ahead: list[int] = []  # look-ahead tokens past the committed state
         self.narrowed = False  # the last committed row was narrowed
         self.warned = False
-        self._scratch: torch.Tensor | None = None
+        self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -178,9 +185,13 @@ class ClosingMatcher(MatcherWrapper):
     def _follow(self, new: list[int]) -> None:
         """The witness after committed ``new`` tokens, where it follows for free."""
         witness, safe, by_class = self.witness, self.safe, self.by_class
-        self.safe, self.by_class = {}, {}
+        drafts = self.drafts
+        self.safe, self.by_class, self.drafts = {}, {}, {}
         if not new:
             return
+        if len(new) > 1 and tuple(new[:-1]) in drafts:  # accepted drafts: the last row's
+            safe, by_class = drafts[tuple(new[:-1])]
+            new, witness = new[-1:], None
         start, rest = (safe[new[0]], new[1:]) if new[0] in safe else (witness, new)
         if start is not None and rest == start[: len(rest)]:
             self.witness, self.candidates = start[len(rest) :], []
@@ -189,10 +200,10 @@ class ClosingMatcher(MatcherWrapper):
         # Off the witness: it may still complete (text inside a string), or its class's
         # suffix may, or neither; the need rises by at most ``grow`` a token.
         classes = token_classes(self.vocab)[0]
-        found = by_class.get(int(classes[new[0]])) if len(new) == 1 else None
+        found = by_class.get(int(classes[new[-1]]))
         tries = [found] if found is not None else list(self.candidates)
-        if witness is not None:
-            tries += [witness, witness[1:]]
+        if witness is not None:  # and its tails: the new tokens may stand for its first ones
+            tries += [witness[k:] for k in range(min(len(new), len(witness)) + 1)]
             self.need_bound = len(witness)
         self.need_bound += self.grow * len(new)
         self.candidates = sorted(tries, key=len)
@@ -208,23 +219,42 @@ class ClosingMatcher(MatcherWrapper):
 
     def _known_witness(self) -> list[int] | None:
         """A witness from the current state (committed plus look-ahead), found cheaply if
-        possible: the committed witness along the look-ahead, or it still completing."""
+        possible: the committed witness along the look-ahead, the suffix the row before
+        checked for the look-ahead's last token, or a known suffix (or tail) still
+        completing; the shortest that does."""
         witness, ahead = self.witness, self.ahead
-        if witness is not None and ahead and ahead == witness[: len(ahead)]:
-            return witness[len(ahead) :]
-        tries = [witness] if witness is not None else []
         if not ahead:
             if witness is not None:
                 return witness
-            tries = self.candidates
-        return next((s for s in tries if completes(self.inner, s)), None)
+            return next((s for s in self.candidates if completes(self.inner, s)), None)
+        if witness is not None and ahead == witness[: len(ahead)]:
+            return witness[len(ahead) :]
+        safe, by_class = (
+            (self.safe, self.by_class)
+            if len(ahead) == 1
+            else self.drafts.get(tuple(ahead[:-1]), ({}, {}))
+        )
+        if ahead[-1] in safe:
+            return safe[ahead[-1]]
+        tries = []
+        found = by_class.get(int(token_classes(self.vocab)[0][ahead[-1]]))
+        if found is not None:
+            tries.append(found)
+        if witness is not None:
+            tries += [witness[k:] for k in range(min(len(ahead), len(witness)) + 1)]
+        return next((s for s in sorted(tries, key=len) if completes(self.inner, s)), None)
 
     def _walk(self, limit: int) -> list[int] | None:
         if self._scratch is None:
             import torch
 
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
-        return find_witness(self.inner, self.vocab, limit, self._scratch)
+        found = find_witness(self.inner, self.vocab, limit, self._scratch)
+        if found is None or len(found) > limit // 2:  # outside JSON its literals mislead
+            other = find_witness(self.inner, self.vocab, limit, self._scratch, plain_text=True)
+            if other is not None and (found is None or len(other) < len(found)):
+                return other
+        return found
 
     def need(self) -> int | None:
         """The current witness's length (walking for one if needed); None: none found."""
@@ -253,6 +283,10 @@ class ClosingMatcher(MatcherWrapper):
         if committed:
             self.witness, self.candidates = witness, []
             self.need_bound = len(witness) if witness is not None else 1 << 30
+        if witness is not None and len(witness) + 1 > left:  # a walk may find a shorter one
+            witness = self._walk(max(left - 1, 0)) or witness
+            if committed:
+                self.witness, self.need_bound = witness, len(witness)
         if witness is None or len(witness) + 1 > left:
             self._warn(left, None if witness is None else len(witness) + 1)
             return  # no completion found in reach: the grammar's row, and a cut
@@ -261,6 +295,8 @@ class ClosingMatcher(MatcherWrapper):
         safe, by_class, unsafe = self._sort_tokens(bitmask, row, witness, left)
         if committed:
             self.safe, self.by_class, self.narrowed = safe, by_class, bool(unsafe)
+        else:
+            self.drafts[tuple(self.ahead)] = (safe, by_class)
         if unsafe:
             words = bitmask[row].numpy().view(np.uint32)
             ids = np.asarray(unsafe, dtype=np.int64)

@@ -19,14 +19,21 @@ from typing import TYPE_CHECKING, Any
 from constrained.grammars.closing_matcher import ClosingMatcher
 
 if TYPE_CHECKING:
+    import torch
+
     from constrained.grammars.matcher import Matcher
     from constrained.grammars.vocab import Vocab
 
 
 def build_stack(
-    compiled: Any, vocab: Vocab, limit: int | None, hints: Sequence[list[int]] = ()
+    compiled: Any,
+    vocab: Vocab,
+    limit: int | None,
+    hints: Sequence[list[int]] = (),
+    scratch: torch.Tensor | None = None,
 ) -> Matcher:
     """The stack for one request: ``limit`` is its ``max_tokens`` when it closes by them;
-    ``hints``: completions a preempted request's earlier stack knew (checked before use)."""
+    ``hints``: completions a preempted request's earlier stack knew (checked before use);
+    ``scratch``: a host bitmask row for closing's walks."""
     matcher = compiled.matcher()
-    return ClosingMatcher(matcher, vocab, limit, hints) if limit is not None else matcher
+    return ClosingMatcher(matcher, vocab, limit, hints, scratch) if limit is not None else matcher

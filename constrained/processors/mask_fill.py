@@ -83,11 +83,13 @@ class RowState:
     def prompt_tail_size(self) -> int:
         return prompt_tail_size(self.gate.marker) if self.gate is not None else 0
 
-    def ready_matcher(self, vocab: Vocab) -> Matcher | None:
+    def ready_matcher(self, vocab: Vocab, scratch: torch.Tensor) -> Matcher | None:
         """The stack, built once the compile is done (waits for it); None if it failed."""
         if self.matcher is None and not self.failed:
             try:
-                self.matcher = build_stack(self.compiled.result(), vocab, self.limit, self.hints)
+                self.matcher = build_stack(
+                    self.compiled.result(), vocab, self.limit, self.hints, scratch
+                )
                 if isinstance(self.matcher, ClosingMatcher):
                     self.closing = self.matcher
             except Exception as exc:  # admission compiled it; never take the engine down
@@ -149,6 +151,8 @@ class MaskWriter:
         self.scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)  # witness walks
         self._uploader = Uploader(device)
         self._queued: list[tuple[Matcher, int]] = []  # rows to fill in ``finish``
+        # Draft rows, written after the rows they follow (whose closing checks they reuse).
+        self._drafts: list[tuple[RowState, int, list[int]]] = []
         # Rows still thinking this step: no mask (their processors' cost is an unconstrained
         # request's), end-of-sequence banned so the answer always comes; with (row, token)
         # pairs each request bans besides: its own stop tokens, and the tokens that would
@@ -179,7 +183,7 @@ class MaskWriter:
             state.consumed += len(new) - len(after)  # the marker: the constraint starts after
             new = after
         try:
-            matcher = state.ready_matcher(self.vocab)
+            matcher = state.ready_matcher(self.vocab, self.scratch)
             if matcher is not None:
                 if state.closing is not None:  # the output before the constraint counts too
                     state.closing.spent = state.consumed - state.closing.count
@@ -219,7 +223,7 @@ class MaskWriter:
         (``answer_room``) before ``max_tokens``."""
         state.gate_budgeted = True
         gate, limit = state.gate, state.limit
-        matcher = state.ready_matcher(self.vocab)
+        matcher = state.ready_matcher(self.vocab, self.scratch)
         if gate is None or limit is None or matcher is None:
             return
         below = state.closing.inner if state.closing is not None else matcher
@@ -242,9 +246,9 @@ class MaskWriter:
             if after is None:
                 self._free_or_forced(state, gate, row)
                 return
-            state.ready_matcher(self.vocab)
+            state.ready_matcher(self.vocab, self.scratch)
             tokens = after
-        self._fill_after(state, row, tokens)
+        self._drafts.append((state, row, tokens))
 
     def _fill_after(self, state: RowState, row: int, tokens: list[int]) -> None:
         """Write the stack's row after ``tokens`` (then undo them)."""
@@ -266,7 +270,8 @@ class MaskWriter:
 
     def finish(self) -> None:
         """Write the queued rows: each bottom matcher type's ``fill_many`` (llguidance's
-        parallel fill), then each stack's ``narrow`` (array checks, closing)."""
+        parallel fill), then each stack's ``narrow`` (array checks, closing); then the draft
+        rows, each a look-ahead from its request's row."""
         queued, self._queued = self._queued, []
         by_type: dict[type, list[tuple[Matcher, int]]] = {}
         for matcher, row in queued:
@@ -282,6 +287,9 @@ class MaskWriter:
                 logger.exception("constrained: a grammar row's layer failed; ending the request")
                 matcher.error = "a grammar row's layer failed"
                 fill_only(self.bitmask, row, [self.eos])
+        drafts, self._drafts = self._drafts, []
+        for state, row, tokens in drafts:
+            self._fill_after(state, row, tokens)
 
     def on_device(self, num_rows: int) -> torch.Tensor:
         """The first ``num_rows`` rows on the logits' device (non-blocking upload)."""
