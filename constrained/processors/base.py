@@ -10,6 +10,7 @@ the slot-level hooks below and choose their own runner-specific parts with ``lay
 
 from __future__ import annotations
 
+import weakref
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -67,6 +68,10 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self.logits_width = self.layout.logits_width
         self.slots = SlotTable(self.layout.capacity, self.layout.device, self.columns())
         self.slots.flush()
+        # The processors one engine built, in construction (= application) order, so that
+        # neighbours can share a pass over the logits (penalties.py fuses bias and min-p).
+        self.peers = peers_of(self.layout)
+        self.peers.append(self)
         REPORTER.register(self, self.layout.placement.tag)
 
     # ---- what a subclass provides ------------------------------------------------------
@@ -147,3 +152,39 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         rows = self.layout.rows(self.slots.active, logits, ctx)
         return logits if rows is None else self.apply_rows(logits, rows)
+
+    def uses_rows(self, ctx: Any) -> bool:
+        """Whether any request of this V2 call uses the processor (host only, no sync)."""
+        return bool(self.slots.active[ctx.idx_mapping_np].any())
+
+
+class Peers:
+    """The processors one model runner built, in construction (= application) order, held
+    weakly (a runner's processors and request state die with it)."""
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref] = []
+
+    def append(self, proc: DualInterfaceProcessor) -> None:
+        self._refs.append(weakref.ref(proc))
+
+    def live(self) -> list[DualInterfaceProcessor]:
+        return [p for p in (ref() for ref in self._refs) if p is not None]
+
+
+_PEERS: dict[int, tuple[weakref.ref, Peers]] = {}
+
+
+def peers_of(layout: Any) -> Peers:
+    """The ``Peers`` of the runner that built ``layout``: keyed by V2's request state (one per
+    model runner); under V1 each processor is alone (nothing fuses there)."""
+    owner = layout.req_states
+    if owner is None:
+        return Peers()
+    for key in [k for k, (ref, _) in _PEERS.items() if ref() is None]:
+        del _PEERS[key]
+    entry = _PEERS.get(id(owner))
+    if entry is None or entry[0]() is not owner:
+        entry = (weakref.ref(owner), Peers())
+        _PEERS[id(owner)] = entry
+    return entry[1]

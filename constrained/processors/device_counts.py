@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from constrained.options import Options
-from constrained.processors.penalty_kernel import apply_packed_penalties
+from constrained.processors.penalty_kernel import apply_fused_elementwise
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column, SlotTable
 
@@ -77,29 +77,8 @@ class DeviceCounts:
             self.counted[slot] = prefill_len
         self._new.clear()
 
-    def catch_up(
-        self, slots: torch.Tensor, active: torch.Tensor, window: torch.Tensor, unit: torch.Tensor
-    ) -> None:
-        """Count tokens committed since the last step for ``slots`` (device, no sync).
-
-        ``window`` and ``unit`` are the slots' device values (gathered for ``slots``).
-        """
-        tokens = self.req_states.all_token_ids.gpu
-        total = self.req_states.total_len.gpu[slots].long()
-        prompt_len = self.req_states.prompt_len.gpu[slots].long()
-        counted = self.counted[slots]
-        last = tokens.shape[1] - 1
-        for k in range(self.max_new_per_step):
-            position = counted + k
-            new = active & (position < total)
-            token = tokens[slots, position.clamp(max=last)].long()
-            self.counts.index_put_((slots, token), new.int(), accumulate=True)
-            leaving = position - window
-            gone = new & (window > 0) & (leaving >= 0)
-            weight = torch.where(leaving < prompt_len, unit, 1)
-            token = tokens[slots, leaving.clamp(min=0)].long()
-            self.counts.index_put_((slots, token), -(gone * weight).int(), accumulate=True)
-        self.counted[slots] = torch.where(active, torch.maximum(counted, total), counted)
+    # The tokens committed since the last step are counted by ``penalty_kernel._prep_kernel``
+    # on each request's first row, before the penalties read the table (no host sync).
 
 
 class DevicePenaltyCounts:
@@ -118,6 +97,7 @@ class DevicePenaltyCounts:
         self.slots = slots
         self.req_states = layout.req_states
         self.counts = DeviceCounts(self.req_states, max_new_per_step)
+        self.scratch: dict = {}  # the fused kernels' block maxima
 
     @staticmethod
     def slot_values(options: Options) -> dict[str, int]:
@@ -130,32 +110,33 @@ class DevicePenaltyCounts:
     def stage(self) -> None:
         self.counts.stage()
 
-    def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-        ctx, table = rows.ctx, self.slots.device_tables
-        slots = ctx.idx_mapping.long()
-        penalized = (
-            (table["repetition"][slots] != 1)
-            | (table["frequency"][slots] != 0)
-            | (table["presence"][slots] != 0)
-        )
-        self.counts.catch_up(slots, penalized, table["window"][slots], table["unit"][slots])
-        # A request commits at most as many tokens in a step as it has rows (1 + drafts), so
-        # the next catch-up covers this step's widest request even without a speculative
-        # config (drafts without a speculator); a host-side bound, no sync.
-        widest = rows.count - len(ctx.idx_mapping_np) + 1
-        self.counts.max_new_per_step = max(self.counts.max_new_per_step, widest)
-        return apply_packed_penalties(
-            logits,
-            ctx.expanded_idx_mapping,
-            ctx.input_ids,
-            ctx.expanded_local_pos,
-            table["repetition"],
-            table["frequency"],
-            table["presence"],
-            table["unit"],
-            table["window"],
-            self.counts.counts,
-            self.counts.counted,
-            self.req_states.prompt_len.gpu,
-            self.req_states.all_token_ids.gpu,
-        )
+    def apply(
+        self,
+        logits: torch.Tensor,
+        rows: Rows,
+        *,
+        penalties: bool = True,
+        bias: tuple[torch.Tensor, torch.Tensor] | None = None,
+        log_min_p: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Bias (a neighbour's table), these penalties, then min-p (a neighbour's column), in
+        at most three launches: ``penalty_kernel.apply_fused_elementwise``."""
+        table = self.slots.device_tables
+        tables = None
+        if penalties:
+            tables = {
+                "repetition": table["repetition"],
+                "frequency": table["frequency"],
+                "presence": table["presence"],
+                "unit": table["unit"],
+                "window": table["window"],
+                "counts": self.counts.counts,
+                "counted": self.counts.counted,
+                "total_len": self.req_states.total_len.gpu,
+                "prompt_len": self.req_states.prompt_len.gpu,
+                "all_token_ids": self.req_states.all_token_ids.gpu,
+            }
+        return apply_fused_elementwise(
+            logits, rows.ctx, bias=bias, penalties=tables, log_min_p=log_min_p,
+            scratch=self.scratch,
+        )  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,20 @@ class LogitBiasProcessor(DualInterfaceProcessor):
             "token_ids": Column(torch.int64, 0, width=1),
             "biases": Column(torch.float32, NEUTRAL_BIAS, width=1),
         }
+
+    # Under V2, the PenaltiesProcessor built right after this one applies the bias in its
+    # first kernel (penalty_kernel.py); this processor's own ``apply`` then does nothing.
+    fused_with: Any = None
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device ``(token_ids, biases)`` tables, [slots, K] each."""
+        table = self.slots.device_tables
+        return table["token_ids"], table["biases"]
+
+    def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        if self.fused_with is not None and ctx is not None:
+            return logits
+        return super().apply(logits, ctx)
 
     def is_argmax_invariant(self) -> bool:
         return False

@@ -1,4 +1,4 @@
-"""The penalties under Model Runner V2: one Triton kernel over packed device counts.
+"""Bias, penalties and min-p under Model Runner V2: at most three Triton launches per step.
 
 Model Runner V2 needs Triton, so this runs wherever V2 does. It follows vLLM's own V2
 ``_penalties_kernel`` (same float32 operations in the same order, so the same bits), reading
@@ -26,8 +26,82 @@ from vllm.triton_utils import tl, triton
 BLOCK_SIZE = 8192
 
 
+# ---- the fused elementwise step (bias, penalties, min-p) -------------------------------------
+#
+# One decoding step of logit_bias + penalties + min_p under V2 is at most three launches:
+#
+#   1. ``_prep_kernel`` [rows]: the row's sparse logit bias (atomic adds: padding entries add
+#      the neutral -0.0), and, on the request's first row, the tokens committed since the last
+#      step counted into the packed table (what ``DeviceCounts.catch_up`` did in ~25 torch ops).
+#   2. ``_penalties_max_kernel`` [rows, blocks]: the penalties (the kernel above, same float32
+#      operations), then each block's max of the result when min-p follows in this step.
+#   3. ``_min_p_mask_kernel`` [rows, blocks]: the row's max from the block maxima, then
+#      ``l < max + T * log(min_p)`` set to -inf (stores only the entries it masks).
+#
+# Each is launched only when some row of the call needs it (decided on the host).
+
+MAX_BLOCKS = 64  # vocab up to 64 * BLOCK_SIZE = 524,288 for the block maxima
+
+
 @triton.jit
-def _packed_penalties_kernel(
+def _prep_kernel(
+    logits_ptr,
+    logits_stride,
+    row_slots_ptr,
+    local_pos_ptr,
+    bias_ids_ptr,
+    bias_ptr,
+    bias_stride,
+    num_bias,
+    repetition_ptr,
+    frequency_ptr,
+    presence_ptr,
+    unit_ptr,
+    window_ptr,
+    counts_ptr,
+    counts_stride,
+    counted_ptr,
+    total_len_ptr,
+    prompt_len_ptr,
+    all_token_ids_ptr,
+    all_token_ids_stride,
+    HAS_BIAS: tl.constexpr,
+    HAS_PENALTIES: tl.constexpr,
+    BIAS_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(row_slots_ptr + row).to(tl.int64)
+    if HAS_BIAS:
+        k = tl.arange(0, BIAS_BLOCK)
+        used = k < num_bias
+        ids = tl.load(bias_ids_ptr + slot * bias_stride + k, mask=used, other=0)
+        bias = tl.load(bias_ptr + slot * bias_stride + k, mask=used, other=-0.0)
+        tl.atomic_add(logits_ptr + row * logits_stride + ids, bias, mask=used)
+    if HAS_PENALTIES:
+        rep = tl.load(repetition_ptr + slot)
+        freq = tl.load(frequency_ptr + slot)
+        pres = tl.load(presence_ptr + slot)
+        local = tl.load(local_pos_ptr + row)
+        if (local == 0) and ((rep != 1.0) or (freq != 0.0) or (pres != 0.0)):
+            counted = tl.load(counted_ptr + slot)
+            total = tl.load(total_len_ptr + slot).to(tl.int64)
+            window = tl.load(window_ptr + slot).to(tl.int64)
+            unit = tl.load(unit_ptr + slot)
+            prompt_len = tl.load(prompt_len_ptr + slot).to(tl.int64)
+            tokens = all_token_ids_ptr + slot * all_token_ids_stride
+            for position in tl.range(counted, total):
+                token = tl.load(tokens + position).to(tl.int64)
+                tl.atomic_add(counts_ptr + slot * counts_stride + token, 1)
+                leaving = position - window
+                if (window > 0) and (leaving >= 0):
+                    old = tl.load(tokens + leaving).to(tl.int64)
+                    weight = tl.where(leaving < prompt_len, unit, 1)
+                    tl.atomic_add(counts_ptr + slot * counts_stride + old, -weight)
+            tl.store(counted_ptr + slot, tl.maximum(counted, total))
+
+
+@triton.jit
+def _penalties_max_kernel(
     logits_ptr,
     logits_stride,
     row_slots_ptr,
@@ -44,99 +118,199 @@ def _packed_penalties_kernel(
     prompt_len_ptr,
     all_token_ids_ptr,
     all_token_ids_stride,
+    log_min_p_ptr,
+    block_max_ptr,
     vocab_size,
+    HAS_PENALTIES: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(row_slots_ptr + row).to(tl.int64)
-    rep = tl.load(repetition_ptr + slot)
-    freq = tl.load(frequency_ptr + slot)
-    pres = tl.load(presence_ptr + slot)
-    if (rep == 1.0) and (freq == 0.0) and (pres == 0.0):
-        return  # not ours, or neutral: leave the row untouched
+    penalized = False
+    if HAS_PENALTIES:
+        rep = tl.load(repetition_ptr + slot)
+        freq = tl.load(frequency_ptr + slot)
+        pres = tl.load(presence_ptr + slot)
+        penalized = (rep != 1.0) or (freq != 0.0) or (pres != 0.0)
+    needs_max = False
+    if HAS_MIN_P:
+        needs_max = tl.load(log_min_p_ptr + slot) != float("-inf")
+    if (not penalized) and (not needs_max):
+        return
 
     block = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = block < vocab_size
-    logits = tl.load(logits_ptr + row * logits_stride + block, mask=mask).to(tl.float32)
-    packed = tl.load(counts_ptr + slot * counts_stride + block, mask=mask, other=0)
+    logits = tl.load(logits_ptr + row * logits_stride + block, mask=mask, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    if penalized:
+        packed = tl.load(counts_ptr + slot * counts_stride + block, mask=mask, other=0)
+        unit = tl.load(unit_ptr + slot)
+        window = tl.load(window_ptr + slot)
+        counted = tl.load(counted_ptr + slot)
+        prompt_len = tl.load(prompt_len_ptr + slot)
+        local = tl.load(local_pos_ptr + row)
+        first = row - local
+        for k in tl.range(local):
+            draft = tl.load(input_ids_ptr + first + k + 1)
+            valid = draft >= 0
+            packed += (block == draft).to(tl.int32)
+            leaving = counted + k - window
+            if (window > 0) and valid and (leaving >= 0):
+                if leaving < counted:  # a committed token leaves the window
+                    old = tl.load(all_token_ids_ptr + slot * all_token_ids_stride + leaving)
+                else:  # a window shorter than the drafts: an earlier draft leaves
+                    old = tl.load(input_ids_ptr + first + 1 + leaving - counted)
+                weight = tl.where(leaving < prompt_len, unit, 1)
+                packed -= (block == old).to(tl.int32) * weight
 
-    unit = tl.load(unit_ptr + slot)
-    window = tl.load(window_ptr + slot)
-    counted = tl.load(counted_ptr + slot)
-    prompt_len = tl.load(prompt_len_ptr + slot)
-    local = tl.load(local_pos_ptr + row)
-    first = row - local
-    for k in tl.range(local):
-        draft = tl.load(input_ids_ptr + first + k + 1)
-        valid = draft >= 0
-        packed += (block == draft).to(tl.int32)
-        leaving = counted + k - window
-        if (window > 0) and valid and (leaving >= 0):
-            if leaving < counted:  # a committed token leaves the window
-                old = tl.load(all_token_ids_ptr + slot * all_token_ids_stride + leaving)
-            else:  # a window shorter than the drafts: an earlier draft leaves
-                old = tl.load(input_ids_ptr + first + 1 + leaving - counted)
-            weight = tl.where(leaving < prompt_len, unit, 1)
-            packed -= (block == old).to(tl.int32) * weight
-
-    output_bits = tl.where(unit > 1, unit - 1, -1)
-    output = packed & output_bits
-    output_seen = output > 0
-    seen = output_seen | ((packed - output) != 0)
-    scale = tl.where(seen, rep, 1.0)
-    logits *= tl.where(logits > 0, 1.0 / scale, scale)
-    logits -= freq * output
-    logits -= pres * output_seen
-    tl.store(logits_ptr + row * logits_stride + block, logits, mask=mask)
+        output_bits = tl.where(unit > 1, unit - 1, -1)
+        output = packed & output_bits
+        output_seen = output > 0
+        seen = output_seen | ((packed - output) != 0)
+        scale = tl.where(seen, rep, 1.0)
+        logits *= tl.where(logits > 0, 1.0 / scale, scale)
+        logits -= freq * output
+        logits -= pres * output_seen
+        tl.store(logits_ptr + row * logits_stride + block, logits, mask=mask)
+    if needs_max:
+        tl.store(block_max_ptr + row * MAX_BLOCKS + tl.program_id(1), tl.max(logits, axis=0))
 
 
-def apply_packed_penalties(
+@triton.jit
+def _min_p_mask_kernel(
+    logits_ptr,
+    logits_stride,
+    row_slots_ptr,
+    log_min_p_ptr,
+    block_max_ptr,
+    num_blocks,
+    vocab_size,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(row_slots_ptr + row).to(tl.int64)
+    log_min_p = tl.load(log_min_p_ptr + slot)
+    if log_min_p == float("-inf"):
+        return
+    b = tl.arange(0, MAX_BLOCKS)
+    maxima = tl.load(block_max_ptr + row * MAX_BLOCKS + b, mask=b < num_blocks, other=float("-inf"))
+    threshold = tl.max(maxima, axis=0) + log_min_p
+    block = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = block < vocab_size
+    logits = tl.load(logits_ptr + row * logits_stride + block, mask=mask, other=0.0)
+    drop = mask & (logits < threshold)
+    tl.store(logits_ptr + row * logits_stride + block, float("-inf"), mask=drop)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def apply_fused_elementwise(
     logits: torch.Tensor,
-    row_slots: torch.Tensor,
-    input_ids: torch.Tensor,
-    local_pos: torch.Tensor,
-    repetition: torch.Tensor,
-    frequency: torch.Tensor,
-    presence: torch.Tensor,
-    unit: torch.Tensor,
-    window: torch.Tensor,
-    counts: torch.Tensor,
-    counted: torch.Tensor,
-    prompt_len: torch.Tensor,
-    all_token_ids: torch.Tensor,
+    ctx: object,
+    *,
+    bias: tuple[torch.Tensor, torch.Tensor] | None,
+    penalties: dict | None,
+    log_min_p: torch.Tensor | None,
+    scratch: dict,
 ) -> torch.Tensor:
-    """Apply the penalties to ``logits`` in place (see the module docstring).
+    """Bias, penalties and min-p (each optional) on ``logits`` in place, in that order, in
+    at most three launches (see above). No host reads.
 
     Args:
         logits: [rows, vocab] float32.
-        row_slots, input_ids, local_pos: [rows], V2's ``LogitsContext`` fields.
-        repetition, frequency, presence: [slots] float32; (1, 0, 0) leaves a row untouched.
-        unit, window: [slots] int32, the prompt's packing unit and the window (0: none).
-        counts: [slots, vocab] int32 packed counts of the committed tokens.
-        counted: [slots] committed tokens counted; prompt_len: [slots].
-        all_token_ids: [slots, max_len] committed token ids.
+        ctx: V2's ``LogitsContext`` (``expanded_idx_mapping``, ``expanded_local_pos``,
+            ``input_ids``).
+        bias: the slot table's ``(token_ids, biases)``, [slots, K] each, padded with -0.0.
+        penalties: the slot tables and counts (``repetition``, ``frequency``, ``presence``,
+            ``unit``, ``window``, ``counts``, ``counted``, ``total_len``, ``prompt_len``,
+            ``all_token_ids``), or None.
+        log_min_p: [slots] float32 ``T * log(min_p)`` (-inf: off), or None.
+        scratch: a dict the caller keeps, for the block-maxima buffer.
     """
     rows, vocab = logits.shape
     if rows == 0:
         return logits
-    _packed_penalties_kernel[(rows, triton.cdiv(vocab, BLOCK_SIZE))](
+    slots = ctx.expanded_idx_mapping
+    local_pos = ctx.expanded_local_pos
+    num_blocks = triton.cdiv(vocab, BLOCK_SIZE)
+    if num_blocks > MAX_BLOCKS:
+        raise ValueError(f"vocab {vocab} wider than {MAX_BLOCKS * BLOCK_SIZE}")
+    p = penalties or {}
+    dummy_f = logits
+    if bias is not None or penalties is not None:
+        bias_ids, bias_values = bias if bias is not None else (slots, dummy_f)
+        _prep_kernel[(rows,)](
+            logits,
+            logits.stride(0),
+            slots,
+            local_pos,
+            bias_ids,
+            bias_values,
+            bias_ids.stride(0) if bias is not None else 0,
+            bias_ids.shape[1] if bias is not None else 0,
+            p.get("repetition", dummy_f),
+            p.get("frequency", dummy_f),
+            p.get("presence", dummy_f),
+            p.get("unit", slots),
+            p.get("window", slots),
+            p.get("counts", slots),
+            p["counts"].stride(0) if penalties is not None else 0,
+            p.get("counted", slots),
+            p.get("total_len", slots),
+            p.get("prompt_len", slots),
+            p.get("all_token_ids", slots),
+            p["all_token_ids"].stride(0) if penalties is not None else 0,
+            HAS_BIAS=bias is not None,
+            HAS_PENALTIES=penalties is not None,
+            BIAS_BLOCK=_next_pow2(bias_ids.shape[1]) if bias is not None else 1,
+        )
+    if penalties is None and log_min_p is None:
+        return logits
+    block_max = scratch.get("block_max")
+    if log_min_p is not None and (block_max is None or block_max.shape[0] < rows):
+        block_max = torch.empty(max(rows, 8), MAX_BLOCKS, dtype=torch.float32,
+                                device=logits.device)  # fmt: skip
+        scratch["block_max"] = block_max
+    _penalties_max_kernel[(rows, num_blocks)](
         logits,
         logits.stride(0),
-        row_slots,
-        input_ids,
+        slots,
+        ctx.input_ids,
         local_pos,
-        repetition,
-        frequency,
-        presence,
-        unit,
-        window,
-        counts,
-        counts.stride(0),
-        counted,
-        prompt_len,
-        all_token_ids,
-        all_token_ids.stride(0),
+        p.get("repetition", dummy_f),
+        p.get("frequency", dummy_f),
+        p.get("presence", dummy_f),
+        p.get("unit", slots),
+        p.get("window", slots),
+        p.get("counts", slots),
+        p["counts"].stride(0) if penalties is not None else 0,
+        p.get("counted", slots),
+        p.get("prompt_len", slots),
+        p.get("all_token_ids", slots),
+        p["all_token_ids"].stride(0) if penalties is not None else 0,
+        log_min_p if log_min_p is not None else dummy_f,
+        block_max if log_min_p is not None else dummy_f,
         vocab,
+        HAS_PENALTIES=penalties is not None,
+        HAS_MIN_P=log_min_p is not None,
+        MAX_BLOCKS=MAX_BLOCKS,
         BLOCK_SIZE=BLOCK_SIZE,
     )
+    if log_min_p is not None:
+        _min_p_mask_kernel[(rows, num_blocks)](
+            logits,
+            logits.stride(0),
+            slots,
+            log_min_p,
+            block_max,
+            num_blocks,
+            vocab,
+            MAX_BLOCKS=MAX_BLOCKS,
+            BLOCK_SIZE=BLOCK_SIZE,
+        )
     return logits

@@ -6,6 +6,13 @@ imports ``vllm.v1.worker.cpu.shm``, vLLM's own CPU patches for the V2 runner (no
 events, UVA buffers as plain host tensors, ``async_tensor_h2d``). These patches are global,
 which is why scenarios run in a subprocess and never in the pytest process.
 
+The device is a parameter: ``CONSTRAINED_V2_DEVICE`` (default ``cpu``, as above). With
+``cuda`` nothing is patched or interpreted: Triton compiles vLLM's kernels and ours for the GPU,
+the runner's tensors live there, logits rows go to it in ``V2Runner.process`` and the processed
+rows come back to the host, where the scenarios' references compare them
+(``benchmarks/gpu_check.py`` runs them so, with ``../shared/gpu-kit``'s stand-ins for vLLM's
+compiled parts imported first).
+
 What is real vLLM code (``vllm`` 0.32.0; checked by ``check_vllm_internals``):
 
 - ``RequestState`` (token history ``all_token_ids``, ``prompt_len``, ``prefill_len``,
@@ -44,12 +51,19 @@ from __future__ import annotations
 import os
 import sys
 
-if "vllm" in sys.modules or "triton" in sys.modules:
+# The device the runner's tensors live on: "cpu" (default: Triton's interpreter, vLLM's CPU
+# patches) or an accelerator such as "cuda" (Triton compiles for it; nothing patched). Read
+# once, here; ``make gpu-check`` (benchmarks/gpu_check.py) sets it, no text edits needed.
+DEVICE = os.environ.get("CONSTRAINED_V2_DEVICE", "cpu")
+INTERPRETED = DEVICE == "cpu"
+
+if INTERPRETED and ("vllm" in sys.modules or "triton" in sys.modules):
     raise RuntimeError(
         "tests.v2_real.harness patches Triton and torch globally; import it first, in a fresh "
         "process (python -m tests.v2_real.scenarios NAME), never next to a normal vLLM import"
     )
-os.environ["TRITON_INTERPRET"] = "1"
+if INTERPRETED:
+    os.environ["TRITON_INTERPRET"] = "1"
 for _name, _value in (
     ("HF_HUB_OFFLINE", "1"),
     ("VLLM_CPU_KVCACHE_SPACE", "2"),
@@ -61,15 +75,18 @@ for _name, _value in (
 
 import importlib
 
-from triton.backends import backends
+if INTERPRETED:
+    from triton.backends import backends
 
-if "nvidia" not in backends:
-    raise RuntimeError(f"Triton has no 'nvidia' backend to interpret as 'cpu': {list(backends)}")
-backends["cpu"] = backends["nvidia"]  # vLLM's CPU build checks for a "cpu" Triton backend
-try:  # vLLM's own CPU patches for the V2 runner, before any other vLLM module is imported
-    importlib.import_module("vllm.v1.worker.cpu.shm")
-except ImportError as _exc:
-    raise RuntimeError(f"vLLM internal moved: vllm.v1.worker.cpu.shm ({_exc})") from _exc
+    if "nvidia" not in backends:
+        raise RuntimeError(
+            f"Triton has no 'nvidia' backend to interpret as 'cpu': {list(backends)}"
+        )
+    backends["cpu"] = backends["nvidia"]  # vLLM's CPU build checks for a "cpu" Triton backend
+    try:  # vLLM's own CPU patches for the V2 runner, before any other vLLM module is imported
+        importlib.import_module("vllm.v1.worker.cpu.shm")
+    except ImportError as _exc:
+        raise RuntimeError(f"vLLM internal moved: vllm.v1.worker.cpu.shm ({_exc})") from _exc
 
 # ruff: noqa: E402
 import inspect
@@ -379,7 +396,7 @@ class V2Runner:
 
         import constrained
 
-        self.device = torch.device("cpu")
+        self.device = torch.device(DEVICE)
         self.num_spec = num_spec
         self.decode_query_len = 1 + num_spec
         self.vocab_size = vocab_size
@@ -511,9 +528,9 @@ class V2Runner:
         spec_path = bool(num_drafts_np.sum())
         if not spec_path:  # prepare_inputs' common case
             cu_num_logits_np = np.arange(num_reqs + 1, dtype=np.int32)
-            cu_num_logits = torch.arange(num_reqs + 1, dtype=torch.int32)
+            cu_num_logits = torch.arange(num_reqs + 1, dtype=torch.int32, device=self.device)
             expanded_idx_mapping = idx_mapping
-            expanded_local_pos = torch.zeros(num_reqs, dtype=torch.int32)
+            expanded_local_pos = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
             total_num_logits = num_reqs
         else:
             num_logits = num_drafts_np + 1
@@ -659,6 +676,7 @@ class V2Runner:
 
         if logits.shape != (step.num_rows, self.vocab_size):
             raise HarnessError(f"logits {tuple(logits.shape)} for {step.num_rows} rows")
+        logits = logits.to(self.device)  # rows come from the host; back to it below
         sampler = self.sampler
         if not step.spec_path:
             out = sampler.apply_sampling_params(
@@ -675,7 +693,7 @@ class V2Runner:
             step.calls, step.skipped_calls = 1, int(out is logits)
             self.counters.skipped_calls += step.skipped_calls
             self.counters.skipped_steps += step.skipped_calls
-            return out.clone()
+            return out.to("cpu", copy=True)
         limit = max_chunk_logits or step.num_rows
         if step.num_rows <= limit:
             chunks: Iterable[tuple[int, int]] = ((0, len(step.reqs)),)
@@ -697,7 +715,7 @@ class V2Runner:
             )
             step.calls += 1
             step.skipped_calls += out is chunk
-            parts.append(out.clone())
+            parts.append(out.to("cpu", copy=True))
         self.counters.multi_call_steps += step.calls > 1
         self.counters.skipped_calls += step.skipped_calls
         self.counters.skipped_steps += step.skipped_calls == step.calls
@@ -711,8 +729,8 @@ class V2Runner:
 
         num_reqs = len(step.reqs)
         width = self.decode_query_len if step.spec_path else 1
-        sampled = torch.zeros(num_reqs, width, dtype=torch.int64)
-        num_sampled = torch.zeros(num_reqs, dtype=torch.int32)
+        sampled = torch.zeros(num_reqs, width, dtype=torch.int64, device=self.device)
+        num_sampled = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
         for i, req in enumerate(step.reqs):
             tokens = accepted.get(req.req_id, [])
             rows = step.rows_of(req)

@@ -7,9 +7,9 @@ active while our processors run sees them all. ``SyncGuard`` fails on any read o
 one place allowed to make it (``transfer.fetch_to_host``, the grammar mask's fetch of the
 tokens the device sampled) and counts those fetches per ``apply`` call.
 
-Not counted: work done inside kernels (our Triton penalty kernel runs in the interpreter here,
-which reads its arguments on the host; xgrammar's bitmask kernel has a CPU-only path). On a
-GPU both are launches.
+Not counted: work done inside kernels (our Triton bias / penalty / min-p kernels run in the
+interpreter here, which reads its arguments on the host; xgrammar's bitmask kernel has a
+CPU-only path). On a GPU both are launches.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ HOST_READS = frozenset(
 )
 # (module, name) of functions whose insides are not ours to count: kernels, and the one fetch.
 KERNELS = (
-    ("constrained.processors.device_counts", "apply_packed_penalties"),
+    ("constrained.processors.device_counts", "apply_fused_elementwise"),
     ("constrained.processors.grammar_mask", "apply_token_bitmask"),
 )
 FETCH = ("constrained.processors.mask_fill", "fetch_to_host")

@@ -1,0 +1,62 @@
+"""Kernel launches and host syncs per decoding step, per processor configuration (issue #28).
+
+Counted on CPU by ``tests/v2_real/launch_counts.py`` on vLLM's real Model Runner V2 sampler
+(one subprocess, ~30 s): every computing ATen op and every Triton launch inside our
+processors' ``apply`` during a steady decode step, and the sync guard's host fetches. On a GPU
+each is a launch (or a sync), and at decoding batch sizes launches, not bytes, set the time:
+a change that adds a pass or a sync fails here without a GPU. Counts, never times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Our launches per step (all our processors together), at most. vLLM's own built-in
+# penalties + logit_bias + min_p take 3 (one Triton kernel each); ours match that.
+BUDGET: dict[str, int] = {
+    "none": 0,
+    "logit_bias": 1,  # the prep kernel (atomic adds)
+    "penalties": 2,  # prep (count the new tokens) + penalties
+    "penalties_window": 2,
+    "min_p": 2,  # block maxima + mask
+    "pen_bias_minp": 3,  # prep + penalties with block maxima + mask
+    "pen_bias_minp_dry": 4 + 203,  # DRY between: min-p runs on its own (2 launches)
+    "dry": 203,
+    "no_repeat_ngram": 71,
+    "top_n_sigma": 19,
+    "typical_p": 87,
+    "xtc": 42,
+}
+# vLLM's built-ins for the same options, for the record (asserted so the comparison holds).
+VLLM_BUILTIN = {"vllm_builtin_pen_bias_minp": 3}
+
+
+def test_launches_and_syncs_per_step(tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.launch_counts", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert set(BUDGET) | set(VLLM_BUILTIN) <= set(results)
+    over = {
+        name: (results[name]["ours"], budget)
+        for name, budget in BUDGET.items()
+        if results[name]["ours"] > budget
+    }
+    assert not over, f"more launches per step than budgeted (got, budget): {over}"
+    for name, count in VLLM_BUILTIN.items():
+        launches = results[name]["launches"]
+        vllm = sum(v for k, v in launches.items() if k.startswith("vllm:"))
+        assert vllm == count, (name, launches)
+        assert results[name]["ours"] == 0
+    syncs = {name: r["syncs"] for name, r in results.items() if r["syncs"]}
+    assert not syncs, f"host syncs in a step: {syncs}"
