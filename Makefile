@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean gpu-check
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,14 @@ test: install
 lint: install
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# The GPU checks (issue #28) on a CUDA machine without vLLM or network, from ../shared/gpu-kit:
+# V2 scenarios two at a time, CPU-vs-CUDA rows, the per-step bench; JSON and a table in $(OUT).
+# CPU dry run: make gpu-check GPU_PY=.venv/bin/python GPU_DRYRUN=1
+GPU_PY ?= python3
+OUT ?= /tmp/gpu_check
+gpu-check:
+	$(GPU_PY) -m benchmarks.gpu_check --out $(OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,231 @@
+"""``make gpu-check``: the project's GPU checks in one run, under 6 minutes (issue #28).
+
+On a CUDA machine with PyTorch and Triton but no vLLM and no network, with
+``../shared/gpu-kit/`` (wheels, vLLM 0.32.0's Python sources, stand-ins for its compiled
+parts). Steps, each with what is left of the time budget:
+
+0. install the kit's wheels and vLLM's sources into ``--site`` (skipped where vLLM imports);
+(a) the V2 real-sampler scenarios (``tests/v2_real``) on the device, two at a time, each its
+    own process: the harness takes its device from ``CONSTRAINED_V2_DEVICE``, no text edits;
+(b) every processor's rows on cuda against the same inputs on the CPU (the kit's
+    ``cuda_vs_cpu.py``, V1 interface);
+(c) the per-step bench through vLLM's real V2 sampler: ours, vLLM's built-ins, the floor (the
+    kit's ``bench.py``).
+
+Steps (b) and (c) run the kit's scripts with its ``cuda_harness.load_harness`` replaced by a
+plain import of our harness (the device parameter makes the kit's text edits unnecessary).
+Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (the table). ``--dry-run`` (or
+``GPU_DRYRUN=1``): device cpu, Triton's interpreter, the installed vLLM; proves the chain.
+
+    python -m benchmarks.gpu_check [--dry-run] [--out DIR] [--kit DIR] [--budget 345]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = Path(os.environ.get("GPU_KIT", ROOT.parent / "shared" / "gpu-kit"))
+
+
+def _use_kit(kit: Path, dry: bool) -> None:
+    """In this process: the kit's ``cuda_harness`` module, its ``load_harness`` made a plain
+    import of our harness (on cuda after the kit's stand-ins for vLLM's compiled parts)."""
+    sys.path.insert(0, str(kit))
+    sys.path.insert(0, str(ROOT))
+    import cuda_harness
+
+    def load_harness():
+        if not dry:
+            cuda_harness.prepare_vllm_cuda()
+        from tests.v2_real import harness
+
+        return harness
+
+    cuda_harness.load_harness = load_harness
+
+
+def child(args: argparse.Namespace) -> int:
+    """One scenario (``--scenario``) or one kit script (``--kit-script``), in this process."""
+    _use_kit(args.kit, args.dry_run)
+    import cuda_harness
+
+    if args.scenario:
+        cuda_harness.load_harness()
+        from tests.v2_real import scenarios
+
+        return scenarios.main([args.scenario])
+    sys.argv = [args.kit_script, *args.rest]
+    runpy.run_path(str(args.kit / args.kit_script), run_name="__main__")
+    return 0
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.steps: dict[str, dict] = {}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                    "CONSTRAINED_V2_DEVICE": "cpu" if args.dry_run else "cuda",
+                    "GPU_DIR": str(args.kit), "PROJECT_ROOT": str(ROOT)}  # fmt: skip
+        if args.dry_run:
+            self.env["GPU_DRYRUN"] = "1"
+        else:
+            self.env.pop("GPU_DRYRUN", None)
+            self.env.pop("TRITON_INTERPRET", None)
+            self.env["GPU_STUBS"] = "1"
+
+    def left(self) -> float:
+        return self.args.budget - (time.monotonic() - self.t0)
+
+    def sub(self, argv: list[str], timeout: float, log: Path) -> tuple[int, str]:
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+        if self.args.dry_run:
+            cmd.insert(2, "--dry-run")
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,
+                                  timeout=max(5.0, timeout))  # fmt: skip
+            text, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            text = (out.decode() if isinstance(out, bytes) else out) + "\nTIMED OUT"
+            rc = 124
+        log.write_text(text)
+        return rc, text
+
+    def install(self) -> None:
+        try:
+            subprocess.run([sys.executable, "-c", "import vllm"], check=True, env=self.env,
+                           capture_output=True, timeout=120)  # fmt: skip
+            self.steps["install"] = {"rc": 0, "note": "vLLM importable; nothing installed"}
+            return
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            pass
+        site = Path(self.args.site)
+        site.mkdir(parents=True, exist_ok=True)
+        wheels = sorted(str(w) for w in (self.args.kit / "wheels").glob("*.whl"))
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+               "--no-compile", "--target", str(site), *wheels]  # fmt: skip
+        rc = subprocess.run(pip).returncode
+        rc |= subprocess.run(["tar", "-xzf", str(self.args.kit / "vllm-0.32.0-py.tar.gz"),
+                              "-C", str(site)]).returncode  # fmt: skip
+        (site / "sitecustomize.py").write_text((self.args.kit / "sitecustomize.py").read_text())
+        self.env["PYTHONPATH"] = f"{site}:{ROOT}"
+        self.steps["install"] = {"rc": rc, "site": str(site), "wheels": len(wheels)}
+
+    def scenarios(self) -> None:
+        sys.path.insert(0, str(ROOT))
+        from tests.test_v2_real_sampler import MINIMUMS
+
+        names = [n for n in MINIMUMS if not self.args.only or n in self.args.only.split(",")]
+        share = self.args.scenario_timeout
+
+        def one(name: str) -> dict:
+            if self.left() < 20:
+                return {"name": name, "status": "skipped: budget spent"}
+            t = time.monotonic()
+            rc, text = self.sub(["--scenario", name], min(share, self.left() - 10),
+                                self.args.out / f"a_{name}.log")  # fmt: skip
+            counts = None
+            for line in text.splitlines():
+                if line.startswith("V2REAL "):
+                    counts = json.loads(line[len("V2REAL ") :])
+            short = {k: v for k, v in MINIMUMS[name].items() if (counts or {}).get(k, 0) < v}
+            ok = rc == 0 and counts is not None and not short
+            err = "" if ok else (text.strip().splitlines() or ["?"])[-1][:300]
+            return {"name": name, "status": "PASS" if ok else "FAIL", "rc": rc, "error": err,
+                    "below_minimum": short, "seconds": round(time.monotonic() - t, 1)}  # fmt: skip
+
+        with ThreadPoolExecutor(self.args.jobs) as pool:
+            results = list(pool.map(one, names))
+        for r in results:
+            print(f"[a] {r['status']:5s} {r['name']} {r.get('error', '')}", flush=True)
+        self.steps["a_v2_scenarios"] = {"results": results}
+
+    def kit_script(self, key: str, script: str, argv: list[str], limit: float) -> None:
+        if self.left() < 20:
+            self.steps[key] = {"status": "skipped: budget spent"}
+            return
+        t = time.monotonic()
+        rc, text = self.sub(["--kit-script", script, "--", *argv],
+                            min(limit, self.left() - 5), self.args.out / f"{key}.log")  # fmt: skip
+        tail = [ln for ln in text.splitlines() if not re.search(r"WARNING|^\s*$", ln)][-40:]
+        print("\n".join(f"[{key[0]}] {ln}" for ln in tail), flush=True)
+        self.steps[key] = {"rc": rc, "seconds": round(time.monotonic() - t, 1), "tail": tail}
+
+    def table(self) -> str:
+        lines = [f"# make gpu-check ({'CPU dry run' if self.args.dry_run else 'cuda'})", ""]
+        a = self.steps.get("a_v2_scenarios", {}).get("results", [])
+        lines += ["| scenario | status | seconds |", "|---|---|---|"]
+        lines += [f"| {r['name']} | {r['status']} | {r.get('seconds', '-')} |" for r in a]
+        bench = self.args.out / "gpu_results.json"
+        if bench.exists():
+            res = json.loads(bench.read_text())["results"]
+            names = sorted({r["config"] for r in res})
+            lines += ["", "| vocab | batch | floor ms | " + " | ".join(names) + " |",
+                      "|---|---|---|" + "---|" * len(names)]  # fmt: skip
+            for vb in sorted({(r["vocab"], r["batch"]) for r in res}):
+                row = {r["config"]: r for r in res if (r["vocab"], r["batch"]) == vb}
+                floor = next(iter(row.values()))["floor_ms"]
+                cells = [f"{row[n]['median_ms']:.3f}" if n in row and row[n]["ok"] else "-"
+                         for n in names]  # fmt: skip
+                lines.append(f"| {vb[0]:,} | {vb[1]} | {floor:.3f} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dry-run", action="store_true", default=os.environ.get("GPU_DRYRUN") == "1")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu_check")))
+    p.add_argument("--kit", type=Path, default=KIT)
+    p.add_argument("--site", default=os.environ.get("SITE", "/tmp/gpu_check_site"))
+    p.add_argument("--budget", type=float, default=345.0)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--scenario-timeout", type=float, default=150.0)
+    p.add_argument("--only", default="", help="scenarios to run (default: all)")
+    p.add_argument("--skip", default="", help="steps to skip: a,b,c")
+    p.add_argument("--scenario", default="")
+    p.add_argument("--kit-script", default="")
+    p.add_argument("rest", nargs="*")
+    args = p.parse_args(argv)
+    if args.scenario or args.kit_script:
+        return child(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = Run(args)
+    run.install()
+    skip = set(args.skip.split(","))
+    if "a" not in skip:
+        run.scenarios()
+    if "b" not in skip:
+        run.kit_script("b_cuda_vs_cpu", "cuda_vs_cpu.py",
+                       ["--json", str(args.out / "cuda_vs_cpu.json")], 120)  # fmt: skip
+    if "c" not in skip:
+        extra = ["--vocabs", "151936", "--only", "pen_bias_minp,vllm_builtin_pen_bias_minp"]
+        run.kit_script("c_bench", "bench.py",
+                       ["--json", str(args.out / "gpu_results.json"),
+                        *(extra if args.dry_run else [])], 150)  # fmt: skip
+    table = run.table()
+    (args.out / "gpu_check.md").write_text(table)
+    summary = {"dry_run": args.dry_run, "seconds": round(time.monotonic() - run.t0, 1),
+               "steps": run.steps}  # fmt: skip
+    (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    print(table)
+    a = run.steps.get("a_v2_scenarios", {}).get("results", [])
+    bad = [r["name"] for r in a if r["status"] != "PASS"]
+    bad += [k for k, v in run.steps.items() if k != "a_v2_scenarios" and v.get("rc", 0)]
+    print(f"gpu-check: {summary['seconds']}s, failed: {bad or 'none'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
