@@ -18,8 +18,8 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_ENTRY_POINTS`` | 1 | 0: the installed (entry-point) processors stay inert |
 | ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our state (one per worker) |
 | ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
-| ``CONSTRAINED_CACHE`` | ``~/.cache/constrained`` | where ``tiny-model`` builds are kept |
-| ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars shared (``off``) |
+| ``CONSTRAINED_CACHE`` | ``$XDG_CACHE_HOME/constrained`` | ``tiny-model`` builds (``~/.cache``) |
+| ``CONSTRAINED_GRAMMAR_STORE`` | ``<cache>/grammars`` | compiled grammars (0700; ``off``) |
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
@@ -43,7 +43,8 @@ class Settings:
     stats_path: str | None = None
     stats_interval_s: float = 1.0
     cache_dir: Path = Path.home() / ".cache" / "constrained"
-    # None: no compiled-grammar store (each process compiles for itself).
+    # None: no compiled-grammar store (each process compiles for itself). Private: created
+    # 0700, refused when others can write to it (grammars/store.py).
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
     route_structured_outputs: bool = False
@@ -73,7 +74,7 @@ def _from_environment() -> Settings:
     keys = frozenset(
         k.strip() for k in os.environ.get("CONSTRAINED_ALLOWED_EXTRA_ARGS", "").split(",")
     ) - {""}
-    cache_dir = Path(os.environ.get("CONSTRAINED_CACHE") or defaults.cache_dir)
+    cache_dir = Path(os.environ.get("CONSTRAINED_CACHE") or user_cache_dir() / "constrained")
     return Settings(
         compile_timeout_s=_number(
             "CONSTRAINED_COMPILE_TIMEOUT_S", float, defaults.compile_timeout_s
@@ -101,6 +102,12 @@ def _choice(name: str, values: tuple[str, ...]) -> str:
     if raw not in values:
         raise ValueError(f"{name}={raw!r} must be one of {', '.join(values)}")
     return raw
+
+
+def user_cache_dir() -> Path:
+    """The user's cache directory: ``$XDG_CACHE_HOME``, else ``~/.cache``."""
+    raw = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return Path(raw) if raw and os.path.isabs(raw) else Path.home() / ".cache"
 
 
 def _switch(name: str, default: bool) -> bool:

@@ -14,7 +14,12 @@ payload size and SHA-256) and the backend's payload (``Backend.dump``). Safe by 
 - **corrupt or foreign entries**: a file whose header, size or checksum does not match is
   deleted and reported as a miss: the caller compiles, nothing read is trusted unchecked;
 - **bounded**: after each save, the least recently used files (a hit touches its file) go
-  until the store holds at most ``max_bytes``; a payload over a quarter of that is not kept.
+  until the store holds at most ``max_bytes``; a payload over a quarter of that is not kept;
+- **private**: the directory (``CONSTRAINED_GRAMMAR_STORE``, by default in the user's cache
+  directory) is created ``0700``; a store directory that is a link, owned by another user, or
+  writable by group or others is refused (``StoreError``, naming the setting), so a store
+  shared by a server's processes is no way in; its subdirectories and files are created
+  ``0700`` / ``0600`` and never followed through a link (``O_NOFOLLOW``, ``lstat``).
 
 Example::
 
@@ -31,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -41,11 +47,63 @@ FORMAT = 1
 SUFFIX = ".grammar"
 
 
+SETTING = "CONSTRAINED_GRAMMAR_STORE"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class StoreError(ValueError):
+    """The store directory is not private to this user (names the setting)."""
+
+
+def private_directory(directory: Path) -> Path:
+    """``directory``, created ``0700`` if absent; refused unless it is a real directory (not
+    a link) owned by this user and writable by nobody else.
+
+    Raises:
+        StoreError: naming ``CONSTRAINED_GRAMMAR_STORE`` and what is wrong.
+    """
+    directory = Path(directory).absolute()
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+        found = os.lstat(directory)
+    except OSError as exc:
+        raise StoreError(f"{SETTING}: cannot create the grammar store {directory}: {exc}") from None
+    why = None
+    if stat.S_ISLNK(found.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(found.st_mode):
+        why = "is not a directory"
+    elif hasattr(os, "geteuid") and found.st_uid != os.geteuid():
+        why = f"is owned by another user (uid {found.st_uid})"
+    elif found.st_mode & 0o022:
+        why = f"is writable by group or others (mode {stat.S_IMODE(found.st_mode):o})"
+    if why is not None:
+        raise StoreError(
+            f"{SETTING}: the compiled-grammar store {directory} {why}; another user could "
+            "plant grammars the server would load. Point it at a private directory (created "
+            f"0700 if absent), fix the directory (chmod 700), or set {SETTING}=off."
+        )
+    return directory
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class GrammarStore:
-    """Compiled grammars as files under ``directory``, at most ``max_bytes`` in all."""
+    """Compiled grammars as files under ``directory``, at most ``max_bytes`` in all.
+
+    Raises:
+        StoreError: ``directory`` is not private (``private_directory``).
+    """
 
     def __init__(self, directory: Path, max_bytes: int) -> None:
-        self.directory = Path(directory)
+        self.directory = private_directory(directory)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()  # one prune at a time in this process
 
@@ -55,8 +113,14 @@ class GrammarStore:
     def load(self, key: str) -> tuple[str, bytes] | None:
         """``(backend, payload)`` stored under ``key``; None if absent or not intact."""
         path = self._path(key)
+        if not _real_dir(path.parent):
+            return None  # absent, or a link: never followed
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+            with os.fdopen(fd, "rb") as file:
+                if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                    return None
+                data = file.read()
         except OSError:
             return None
         header_line, _, payload = data.partition(b"\n")
@@ -93,7 +157,10 @@ class GrammarStore:
         }
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                path.parent.mkdir(mode=0o700)
+            if not _real_dir(path.parent):
+                raise OSError(f"{path.parent} is not a directory of the store")
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=SUFFIX)
             try:
                 with os.fdopen(fd, "wb") as out:
@@ -115,12 +182,14 @@ class GrammarStore:
         found: list[os.DirEntry] = []
         with contextlib.suppress(OSError):
             for sub in os.scandir(self.directory):
-                if sub.is_dir():
+                if sub.is_dir(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         found.extend(
                             e
                             for e in os.scandir(sub.path)
-                            if e.name.endswith(SUFFIX) and not e.name.startswith(".tmp-")
+                            if e.name.endswith(SUFFIX)
+                            and not e.name.startswith(".tmp-")
+                            and e.is_file(follow_symlinks=False)
                         )
         return found
 
@@ -130,8 +199,8 @@ class GrammarStore:
             sized = []
             for entry in self.entries():
                 with contextlib.suppress(OSError):
-                    stat = entry.stat()
-                    sized.append((stat.st_mtime, stat.st_size, entry.path))
+                    found = entry.stat(follow_symlinks=False)
+                    sized.append((found.st_mtime, found.st_size, entry.path))
             total = sum(size for _, size, _ in sized)
             for _, size, path in sorted(sized):
                 if total <= self.max_bytes:
