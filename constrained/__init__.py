@@ -1,14 +1,18 @@
-"""constrained: per-request logits processors for vLLM.
+"""constrained: per-request logits processors for vLLM, as a vLLM plugin.
 
-Register ``LOGITS_PROCESSORS`` with the engine, then pass options per request::
+Installed, the package registers its processors through vLLM's ``vllm.logits_processors``
+entry points: every engine loads them, no flag needed; pass options per request::
 
-    llm = LLM(model=path, logits_processors=constrained.LOGITS_PROCESSORS)
+    llm = LLM(model=path)
     llm.generate(prompts, SamplingParams(extra_args={"min_p": 0.1, "logit_bias": {11: 5.0}}))
+
+``LOGITS_PROCESSORS`` still works with ``LLM(logits_processors=...)`` / ``--logits-processors``
+(the entry-point copies then stay inert: ``constrained.plugin``).
 """
 
 from constrained.options import OptionError, Options
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # In application order (vLLM applies custom processors in list order): bias and penalties,
 # then the grammar mask, then the bans and truncation samplers in llama.cpp's order (they see

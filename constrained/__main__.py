@@ -1,16 +1,17 @@
-"""Command line: ``python -m constrained {tiny-model,serve,demo}``."""
+"""Command line: ``constrained {tiny-model,serve,demo}`` (or ``python -m constrained``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from constrained import serve, tiny_model
+from constrained import __version__, serve, tiny_model
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m constrained", description=__doc__)
+    parser = argparse.ArgumentParser(prog="constrained", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"constrained {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     build = commands.add_parser("tiny-model", help="build (or reuse) the embedded default model")

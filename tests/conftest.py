@@ -24,15 +24,14 @@ def tiny_model_dir() -> str:
 
 @pytest.fixture(scope="session")
 def llm(tiny_model_dir: str):
-    """The real engine with our processors registered. Never skipped: CI must run it."""
+    """The real engine, as a user builds it: ``LLM(model)``, no ``logits_processors``; vLLM
+    loads ours from the installed package's entry points. Never skipped: CI must run it."""
     from vllm import LLM
 
-    import constrained
     from constrained.demo import engine_kwargs
 
-    engine = LLM(
-        model=tiny_model_dir, logits_processors=constrained.LOGITS_PROCESSORS, **engine_kwargs()
-    )
+    engine = LLM(model=tiny_model_dir, **engine_kwargs())
+    assert not engine.llm_engine.model_config.logits_processors
     yield engine
     # Stop the engine process while pytest's streams are still open (quiet teardown).
     engine.llm_engine.engine_core.shutdown()
@@ -58,3 +57,31 @@ def served(tiny_model_dir: str, tmp_path_factory):
 def server(served) -> str:
     """The base URL of the session's server."""
     return served.base
+
+
+# A thinking model with tools, as vLLM serves Qwen3.5/3.6.
+QWEN36_PARSERS = ("--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+                  "--reasoning-parser", "qwen3")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def stock36(tmp_path_factory) -> str:
+    """vLLM's STOCK server (``python -m vllm.entrypoints.openai.api_server``, not our launcher)
+    on the tiny ``qwen3.6`` model with its tool and reasoning parsers, our package installed
+    and named only by ``VLLM_PLUGINS=constrained``, beside another package's processor
+    (``tests.foreign_processor``, given with vLLM's own ``--logits-processors``). Its base URL.
+
+    ``--tool-strict-level parameter`` holds non-strict tools' arguments too (vLLM's default,
+    ``auto``, holds ``strict`` tools only)."""
+    from constrained.tiny_model import build_tiny_model
+    from tests.stock_server import start_stock_server
+
+    model = str(build_tiny_model("qwen3.6"))
+    flags = (*QWEN36_PARSERS, "--tool-strict-level", "parameter", "--max-model-len", "1024",
+             "--max-num-seqs", "8", "--num-gpu-blocks-override", "64",
+             "--logits-processors", "tests.foreign_processor:BanTokenProcessor")  # fmt: skip
+    handle = start_stock_server(model, tmp_path_factory.mktemp("stock36"), flags)
+    try:
+        yield handle.base
+    finally:
+        handle.stop()

@@ -1,7 +1,7 @@
-"""A thinking model that calls tools, served as Qwen3.5/3.6 are: our launcher on the tiny
-``qwen3.6`` model with ``--enable-auto-tool-choice --tool-call-parser qwen3_coder
---reasoning-parser qwen3`` (the parsers vLLM pairs with Qwen3.5/3.6), through unchanged OpenAI
-clients.
+"""A thinking model that calls tools, served as Qwen3.5/3.6 are: vLLM's stock server with
+``VLLM_PLUGINS=constrained`` (``conftest.stock36``) on the tiny ``qwen3.6`` model with
+``--enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3`` (the
+parsers vLLM pairs with Qwen3.5/3.6), through unchanged OpenAI clients.
 
 - ``response_format`` / ``.parse()``: the answer comes after ``</think>`` (the reasoning
   parser's marker, our default ``reasoning_end``), in ``reasoning`` and a ``content``
@@ -12,8 +12,8 @@ clients.
 - ``choice`` and ``json_object`` after thinking; refusals (HTTP 400 naming the field) with
   the server serving on.
 
-This module starts its own server (a second model with other flags than the session's) and
-stops it when done, so it never runs beside another engine of its own.
+The server is the session's ``stock36`` (shared with ``test_plugin_server.py`` and the
+client-library tests).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-PARSERS = ("--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-           "--reasoning-parser", "qwen3")  # fmt: skip
 WEATHER = {
     "type": "object",
     "properties": {
@@ -57,17 +55,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server36(tmp_path_factory):
-    from constrained.tiny_model import build_tiny_model
-    from tests.soak import start_server
-
-    model = str(build_tiny_model("qwen3.6"))
-    workdir = tmp_path_factory.mktemp("server36")
-    handle = start_server(model, workdir, 64, 8, PARSERS, max_model_len=1024)
-    try:
-        yield handle.base
-    finally:
-        handle.stop()
+def server36(stock36) -> str:
+    return stock36
 
 
 @pytest.fixture(scope="module")
