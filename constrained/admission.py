@@ -208,11 +208,6 @@ def closes_at_budget(options: Options, params: Any) -> bool:
     )
 
 
-# Admission looks this far for a complete output when max_tokens is larger: a request whose
-# constraint needs more is admitted, and the engine looks again as the budget runs down.
-ADMISSION_WITNESS_TOKENS = 256
-
-
 def compile_constraint(
     options: Options, model_config: Any, tokenizer: Any = None, max_tokens: int | None = None
 ) -> None:
@@ -252,19 +247,16 @@ def compile_constraint(
 def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: int = 0) -> None:
     """Refuse a ``max_tokens`` no complete output of the constraint fits in (after the
     ``marker`` tokens that end thinking, when the request thinks first)."""
-    from constrained.grammars.closing import find_witness
+    from constrained.grammars.closing import ROOT_WITNESS_TOKENS, root_witness
 
-    witness = getattr(grammar, "root_witness", False)  # one walk per compiled grammar
-    if witness is False:
-        witness = find_witness(grammar.matcher(), vocab, ADMISSION_WITNESS_TOKENS)
-        grammar.root_witness = witness
+    witness = root_witness(grammar, vocab)  # one walk per compiled grammar
     if witness is None:
-        if max_tokens > ADMISSION_WITNESS_TOKENS:
-            return  # the engine looks again as the budget runs down (docs/budget.md)
+        if max_tokens > ROOT_WITNESS_TOKENS:  # admitted: the engine looks again as the
+            return  # budget runs down (docs/budget.md)
         raise OptionError(
             "max_tokens",
             f"is {max_tokens}, and no complete output of this {kind} was found within "
-            f"{ADMISSION_WITNESS_TOKENS} tokens; raise max_tokens, or set "
+            f"{ROOT_WITNESS_TOKENS} tokens; raise max_tokens, or set "
             "close_at_max_tokens=false to let the output be cut at max_tokens",
         )
     needed = marker + len(witness) + 1  # and end-of-sequence

@@ -266,3 +266,37 @@ def test_short_budget_keeps_every_digit(vocab):
     digits = [vocab.hf_tokenizer.encode(str(d))[0] for d in range(10)]
     row = allowed_ids(mask_of(ClosingMatcher(grammar.matcher(), vocab, 16))[0], WIDTH)
     assert row[digits].all()
+
+
+def test_qwen_xml_tool_calls_close_in_raw_text():
+    """Qwen3.5's XML tool calls (vLLM's tag for ``tool_choice="required"``): parameter values
+    are raw text, where ``</`` is the witness's first token inside a wide row whose class
+    stands on plain letters; every walk at a budget from the shortest call up still ends
+    with a complete call by ``max_tokens`` (the served failure: arguments ``{}``, cut)."""
+    from constrained.grammars import load_vocab
+    from constrained.grammars.closing_matcher import ClosingMatcher
+    from constrained.tiny_model import build_tiny_model
+    from tests.test_structural_tag import WEATHER, compiled, vllm_tag
+
+    width = 248_320
+    vocab36 = load_vocab(str(build_tiny_model("qwen3.6")), width)
+    grammar = compiled(vocab36, vllm_tag("qwen_3_5", "required", WEATHER))
+    shortest = len(find_witness(grammar.matcher(), vocab36, 256))
+    eos = vocab36.eos_token_id
+    bitmask = torch.zeros(1, words_for(width), dtype=torch.int32)
+    for seed in range(10):
+        rng = random.Random(seed)
+        limit = shortest + 1 + 5 * seed
+        closing = ClosingMatcher(grammar.matcher(), vocab36, limit)
+        output: list[int] = []
+        while True:
+            closing.fill(bitmask, 0)
+            ids = allowed_ids(bitmask[0], width).nonzero()[0]
+            assert ids.size, f"an empty row at {len(output)} of {limit}"
+            token = int(rng.choice(ids))
+            if token == eos:
+                break
+            assert len(output) + 1 < limit, f"cut at {limit}: {output}"
+            output.append(token)
+            assert closing.consume([token])
+        assert completes(grammar.matcher(), output)

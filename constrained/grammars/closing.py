@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,11 +39,13 @@ if TYPE_CHECKING:
 # Witness walks stop here: a walk costs one mask per token, so it is bounded even when the
 # budget is not (a constraint that needs more is refused at admission or left unclosed).
 MAX_WITNESS_TOKENS = 256
+ROOT_WITNESS_TOKENS = 256  # a root witness looks this far (admission's limit too)
 _NEVER = np.int32(1 << 30)  # rank of tokens a witness never uses (special, empty)
 _CLOSER = 10  # ranks up to this close a string, object or array
 _LOOKAHEAD = 128  # tokens tried for "can the string close after it" inside a string
 _REUSE_COST = 16  # added to a token's rank each time the walk has used it
 _LITERAL = 20  # rank of JSON's short complete values
+_MULTI_BYTE = 150  # ranks from here: tokens of several bytes (by length)
 _LITERAL_COST = 100  # their extra cost in a ``plain_text`` walk
 
 
@@ -76,7 +78,7 @@ def _rank(piece: bytes, closers_first: bool) -> int:
         if char.isascii() and not char.isspace():
             return 49 if closers_first else 25  # '@', '.', '-': what patterns ask for
         return 120  # whitespace and non-ASCII bytes: only when nothing else fits
-    return 150 + len(piece)
+    return _MULTI_BYTE + len(piece)
 
 
 def token_ranks(vocab: Vocab, closers_first: bool = True) -> np.ndarray:
@@ -158,6 +160,17 @@ def find_witness(
         matcher.rollback(len(path))
 
 
+def root_witness(grammar: Any, vocab: Vocab) -> list[int] | None:
+    """A completion from a compiled grammar's start (``find_witness`` within
+    ``ROOT_WITNESS_TOKENS``), walked once per grammar object and kept on it: admission
+    checks a budget against it, and each request's closing layer starts from it."""
+    cached = grammar.__dict__.get("_root_witness", False)
+    if cached is False:
+        cached = find_witness(grammar.matcher(), vocab, ROOT_WITNESS_TOKENS)
+        grammar._root_witness = cached
+    return cached
+
+
 def closing_sequences(vocab: Vocab) -> list[list[int]]:
     """Token ids of the texts that close raw text: a Qwen XML parameter's value
     (``qwen_xml.PARAMETER_CLOSE``). A JSON string's ``"`` is ranked first already."""
@@ -180,7 +193,7 @@ def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
     """Inside a string: the cheapest of the ``_LOOKAHEAD`` cheapest tokens after which the
     string can close (``"``) or the output is complete (a ``pattern`` like ``[a-z]x`` needs
     the right character before the quote; ranks alone would try every other first)."""
-    few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
+    few = _cheapest(cost, _LOOKAHEAD)
     for token in few[np.argsort(cost[few], kind="stable")].tolist():
         if cost[token] >= _NEVER or token == quote:
             break
@@ -193,6 +206,15 @@ def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
         if complete or quoted:
             return token
     return None
+
+
+def _cheapest(cost: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` cheapest token ids (unordered): one pass over the few tokens ranked
+    below a multi-byte token when enough of them are allowed, else over the vocabulary."""
+    cheap = np.flatnonzero(cost < _MULTI_BYTE)
+    if cheap.size >= count:
+        return cheap[np.argpartition(cost[cheap], count - 1)[:count]]
+    return np.argpartition(cost, count)[:count]
 
 
 def completes(matcher: Matcher, tokens: Sequence[int]) -> bool:

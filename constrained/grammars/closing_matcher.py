@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 
 GROW = 8  # the rise of the need one token is assumed to cause at most, until one is seen
 EXACT_MAX = 1024  # rows allowing more tokens are checked per class
-WALKS = 8  # walks per narrowed row, for tokens no known suffix completes after
+WALKS = 2  # walks per narrowed row, for tokens no known suffix completes after
+RECHECK_EVERY = 16  # tokens between walks while none finds a completion
 CLASS_CHECKS = 64  # members of a wide row's class checked one by one when its ends differ
 _PLAIN = np.ones(256, dtype=bool)
 _PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
@@ -145,6 +146,7 @@ class ClosingMatcher(MatcherWrapper):
         self.ahead: list[int] = []  # look-ahead tokens past the committed state
         self.narrowed = False  # the last committed row was narrowed
         self.warned = False
+        self.walk_after = 0  # no walk before this count (the last one found nothing)
         self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
 
     # -- the budget -----------------------------------------------------------------------
@@ -278,8 +280,12 @@ class ClosingMatcher(MatcherWrapper):
         if left - 2 >= self._bound() + self.grow:
             return  # far: no allowed token can be unsafe
         witness = self._known_witness()
+        if witness is None and self.count < self.walk_after:
+            return  # a walk from near here found nothing: the next one a few tokens on
         if witness is None:
             witness = self._walk(max(left - 1, 0))
+            if witness is None and committed:
+                self.walk_after = self.count + RECHECK_EVERY
         if committed:
             self.witness, self.candidates = witness, []
             self.need_bound = len(witness) if witness is not None else 1 << 30
@@ -330,6 +336,7 @@ class ClosingMatcher(MatcherWrapper):
                     unsafe.append(token)
             return safe, by_class, unsafe
         classes, lengths = token_classes(self.vocab)
+        leads = self._leads(witness)
         members = classes[allowed]
         order = np.lexsort((lengths[allowed], members))
         ordered, keys = allowed[order], members[order]
@@ -341,11 +348,55 @@ class ClosingMatcher(MatcherWrapper):
             if all(found is not None for found in ends_ok):  # they stand for the class
                 by_class[int(keys[begin])] = max(ends_ok, key=len)  # type: ignore[arg-type]
                 continue
-            checked = group[1:-1][:CLASS_CHECKS]
+            # Its members checked one by one: first those writing the witness's first bytes
+            # (its own first token among them), then up to CLASS_CHECKS others.
+            inner = group[1:-1]
+            ahead = [t for t in inner if t in leads]
+            others = [t for t in inner if t not in leads]
+            checked = ahead + others[:CLASS_CHECKS]
             unsafe += [t for t in checked if self._check(t, witness, left, safe, walks) is None]
-            unsafe += group[1:-1][CLASS_CHECKS:]
+            unsafe += others[CLASS_CHECKS:]
             unsafe += [t for t in {group[0], group[-1]} if t not in safe]
         return safe, by_class, unsafe
+
+    def _leads(self, witness: list[int]) -> set[int]:
+        """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
+        witness ``</`` ``parameter`` ``>``...)."""
+        pieces = self.vocab.token_bytes()
+        by_bytes = self.vocab._once(
+            "closing_by_bytes", lambda: {piece: i for i, piece in enumerate(pieces) if piece}
+        )
+        text = b"".join(pieces[token] for token in witness[:8])
+        found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), 48) + 1)}
+        found.discard(None)
+        return found  # type: ignore[return-value]
+
+    def _aligned(self, token: int, witness: list[int]) -> list[int] | None:
+        """The witness's text after the token's, when the token writes the witness's first
+        bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
+        the token ends on one of their bounds, else as the tokenizer writes it."""
+        pieces = self.vocab.token_bytes()
+        piece = pieces[token]
+        if not piece or not witness:
+            return None
+        text, bounds = b"", {0: 0}
+        for k, tok in enumerate(witness, start=1):
+            text += pieces[tok]
+            bounds[len(text)] = k
+            if len(text) >= len(piece):
+                break
+        if not text.startswith(piece) and not piece.startswith(text):
+            return None
+        if len(piece) in bounds:
+            return witness[bounds[len(piece)] :]
+        rest = b"".join(pieces[tok] for tok in witness)
+        if not rest.startswith(piece):
+            return None
+        try:
+            remainder = rest[len(piece) :].decode()
+        except UnicodeDecodeError:
+            return None
+        return list(self.vocab.hf_tokenizer.encode(remainder, add_special_tokens=False))
 
     def _check(
         self,
@@ -359,6 +410,9 @@ class ClosingMatcher(MatcherWrapper):
         room = left - 2
         tries = [witness[1:]] if witness and token == witness[0] else []
         tries += [witness, witness[1:], []]
+        aligned = self._aligned(token, witness)
+        if aligned is not None:
+            tries.append(aligned)
         for suffix in tries:
             if len(suffix) <= room and completes(self.inner, [token, *suffix]):
                 safe[token] = list(suffix)

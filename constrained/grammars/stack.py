@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from constrained.grammars.closing import root_witness
 from constrained.grammars.closing_matcher import ClosingMatcher
 
 if TYPE_CHECKING:
@@ -36,4 +37,8 @@ def build_stack(
     ``hints``: completions a preempted request's earlier stack knew (checked before use);
     ``scratch``: a host bitmask row for closing's walks."""
     matcher = compiled.matcher()
-    return ClosingMatcher(matcher, vocab, limit, hints, scratch) if limit is not None else matcher
+    if limit is None:
+        return matcher
+    root = root_witness(compiled, vocab)  # walked once per grammar, for every request
+    hints = [*hints, root] if root is not None else hints
+    return ClosingMatcher(matcher, vocab, limit, hints, scratch)

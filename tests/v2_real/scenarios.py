@@ -712,7 +712,10 @@ def budget_closing() -> dict:
                 runner.finish(req)
                 reqs.remove(req)
                 output = req.output[: req.params.max_tokens]
-                check(eos in output, f"{req.req_id} cut at max_tokens: {req.output}")
+                check(
+                    eos in output,
+                    f"{req.req_id} {req.params.extra_args} cut at max_tokens: {req.output}",
+                )
                 body = output[: output.index(eos)]
                 extra = req.params.extra_args
                 matcher = compile_now(spec(extra), vocab).matcher()
@@ -825,7 +828,10 @@ def reasoning() -> dict:
             if eos in output or len(output) >= req.params.max_tokens:
                 runner.finish(req)
                 reqs.remove(req)
-                check(eos in output, f"{req.req_id} cut at max_tokens: {req.output}")
+                check(
+                    eos in output,
+                    f"{req.req_id} {req.params.extra_args} cut at max_tokens: {req.output}",
+                )
                 body = answer(req, output[: output.index(eos)])
                 check(body is not None, f"{req.req_id} ended without the marker")
                 check(completes(compile_now(grammar, vocab).matcher(), body), f"{req.req_id}")
