@@ -18,7 +18,10 @@ same keys, checks and errors as ``vllm_xargs`` then apply:
      the option of that name.
 
    A request with ``tools`` (and ``tool_choice`` other than ``none``) keeps them: vLLM's tool
-   parser builds one constraint of the tools and the response format (step 2).
+   parser builds one constraint of the tools and the response format (step 2). Their
+   parameters' local, non-recursive ``$ref`` (pydantic's ``$defs``) are inlined first
+   (``inline_tool_refs``): vLLM's tool parser types what it reads back by the schema as
+   written, so it and our grammar must see the same one.
 2. ``take_over(params)``, at admission, moves what vLLM itself put in
    ``SamplingParams.structured_outputs`` into our options: vLLM's tool parser builds a
    structural tag of the request's tools (each tool's call format, ``tool_choice``,
@@ -97,7 +100,8 @@ def route(body: dict[str, Any]) -> dict[str, Any] | None:
             the output too.
     """
     if calls_tools(body):
-        return None  # vLLM's tool parser merges the response format in; ``take_over`` moves it
+        # vLLM's tool parser merges the response format in; ``take_over`` moves it
+        return inline_tool_refs(body)
     moved: dict[str, Any] = {}
     sources = []
     if "response_format" in body and body["response_format"] is not None:
@@ -130,6 +134,28 @@ def route(body: dict[str, Any]) -> dict[str, Any] | None:
     routed = {k: v for k, v in body.items() if k not in sources}
     routed["vllm_xargs"] = {**xargs, **moved}
     return routed
+
+
+def inline_tool_refs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request body with the local, non-recursive ``$ref`` of each tool's parameters
+    inlined (``constrained.schema.refs``), or ``None`` when there are none. Recursive and
+    remote ones stay: ``check_tools`` refuses them, naming ``$ref``."""
+    from constrained.schema.refs import inline_local_refs
+
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    inlined, changed = [], False
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        new = inline_local_refs(parameters)
+        if new is parameters:
+            inlined.append(tool)
+            continue
+        inlined.append({**tool, "function": {**function, "parameters": new}})
+        changed = True
+    return {**body, "tools": inlined} if changed else None
 
 
 def calls_tools(body: dict[str, Any]) -> bool:

@@ -204,8 +204,8 @@ def test_refusals_name_the_field_and_the_server_serves_on(server36, client, stre
         body = {"model": "tiny", "messages": ask(), "max_tokens": 8, "stream": stream, **body}
         return httpx.post(server36 + "/v1/chat/completions", json=body, timeout=120)
 
-    unchecked = {"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}},
-                 "$defs": {"X": {"type": "integer"}}}  # fmt: skip
+    unchecked = {"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}},  # recursive
+                 "$defs": {"X": {"type": "array", "items": {"$ref": "#/$defs/X"}}}}  # fmt: skip
     bad_tool = [{"type": "function", "function": {"name": "f", "parameters": unchecked}}]
     for body, field in (
         ({"tools": bad_tool, "tool_choice": "required"}, "tools"),

@@ -237,8 +237,8 @@ def test_qwen_xml_raw_text_never_reads_as_a_delimiter():
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}},
-          "$defs": {"X": {"type": "integer"}}}, "$ref"),
+        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}},  # recursive: stays
+          "$defs": {"X": {"type": "array", "items": {"$ref": "#/$defs/X"}}}}, "$ref"),
         ({"type": "object", "properties": {"x": {"type": ["string", "integer"]}}}, "type"),
         ({"type": "object",
           "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}, "type"),

@@ -20,7 +20,11 @@ that what the parser reads is what the grammar checked:
   the parser's coercion (``coerce_to_schema_type``: by the ``type`` it reads) gives back
   unchanged.
 
-Schemas outside that ground are refused, naming the keyword: a ``$ref`` (the parser types a
+Local, non-recursive ``$ref`` (pydantic's ``$defs`` for every ``Enum`` field and nested
+model) are inlined first (``constrained.schema.refs``); the server inlines them in the
+request's ``tools`` too, before vLLM's parser reads them (``openai_routing.route``), so the
+parser types each parameter by the schema enforced here. Schemas outside that ground are
+refused, naming the keyword: a ``$ref`` that stays (recursive, remote; the parser types a
 value by the schema as written, without following it), a parameter that may be a string and
 also a number, boolean, object or array (the parser would turn ``"12"`` into 12), a
 ``pattern`` / ``format`` on a text parameter, and object keywords other than ``properties``,
@@ -34,6 +38,7 @@ from typing import Any
 
 from constrained.errors import GrammarError
 from constrained.schema.negation import kinds_of
+from constrained.schema.refs import inline_local_refs
 from constrained.schema.walk import ANNOTATIONS
 
 PARAMETER_CLOSE = "\n</parameter>"  # what ends a parameter's value
@@ -66,6 +71,7 @@ def xml_parameters(
         schema = {"type": "object", "properties": {}}
     if not isinstance(schema, dict):
         raise _refused("type", where, "the parameters must be an object schema")
+    schema = inline_local_refs(schema)
     _refuse_refs(schema, where)
     for keyword in schema:
         if keyword not in TOP_KEYWORDS and keyword not in ANNOTATIONS:
@@ -188,7 +194,8 @@ def _refuse_refs(schema: Any, where: str) -> None:
             for key, value in node.items():
                 if key in ("$ref", "$dynamicRef", "$recursiveRef"):
                     raise _refused(key, at, "vLLM's qwen3 parser types a parameter by the "
-                                   "schema as written, without following references")  # fmt: skip
+                                   "schema as written, without following references, and "
+                                   "only local, non-recursive ones are inlined")  # fmt: skip
                 stack.append((f"{at}/{key}", value))
         elif isinstance(node, list):
             stack.extend((f"{at}/{i}", v) for i, v in enumerate(node))
