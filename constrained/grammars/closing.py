@@ -93,6 +93,11 @@ def token_ranks(vocab: Vocab, closers_first: bool = True) -> np.ndarray:
     return vocab._once(f"closing_ranks_{closers_first}", build)
 
 
+def literal_tokens(vocab: Vocab) -> np.ndarray:
+    """Which token ids are JSON's short complete values (``true``, ``null``, ``[]``...)."""
+    return vocab._once("closing_literals", lambda: token_ranks(vocab, True) == _LITERAL)
+
+
 def allowed_ids(bitmask_row: torch.Tensor, width: int) -> np.ndarray:
     """The allowed-token booleans of one int32 bitmask row."""
     words = bitmask_row.numpy().view(np.uint8)

@@ -16,8 +16,9 @@ and narrowed to exactly its safe tokens otherwise:
   by ``grow`` per token until it must be refreshed (the old witness still completing is one
   ``try_consume``; else a walk).
 - **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
-  its tail, nothing) completing in time, else a walk from after ``t`` (at most ``WALKS`` a
-  step; a token left unchecked is cleared, so a narrowed row never holds an unsafe token).
+  its tail, the witness's text after ``t``'s, nothing) completing in time, else a walk from
+  after ``t`` (``WALK_TOKENS`` walked tokens a row; a token left unchecked is cleared, so a
+  narrowed row never holds an unsafe token).
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class): its shortest and longest member stand for it; a class where either
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from constrained.grammars.closing import allowed_ids, completes, find_witness
+from constrained.grammars.closing import allowed_ids, completes, find_witness, literal_tokens
 from constrained.grammars.matcher import Matcher, MatcherWrapper, words_for
 
 if TYPE_CHECKING:
@@ -57,8 +58,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GROW = 8  # the rise of the need one token is assumed to cause at most, until one is seen
-EXACT_MAX = 1024  # rows allowing more tokens are checked per class
-WALKS = 2  # walks per narrowed row, for tokens no known suffix completes after
+EXACT_MAX = 64  # rows allowing more tokens are checked per class
+WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs its room), for tokens no
+# known suffix completes after
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
 CLASS_CHECKS = 64  # members of a wide row's class checked one by one when its ends differ
 _PLAIN = np.ones(256, dtype=bool)
@@ -252,7 +254,9 @@ class ClosingMatcher(MatcherWrapper):
 
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
         found = find_witness(self.inner, self.vocab, limit, self._scratch)
-        if found is None or len(found) > limit // 2:  # outside JSON its literals mislead
+        literals = literal_tokens(self.vocab)
+        # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.
+        if found is None or any(literals[token] for token in found):
             other = find_witness(self.inner, self.vocab, limit, self._scratch, plain_text=True)
             if other is not None and (found is None or len(other) < len(found)):
                 return other
@@ -329,7 +333,7 @@ class ClosingMatcher(MatcherWrapper):
         safe: dict[int, list[int]] = {}
         by_class: dict[int, list[int]] = {}
         unsafe: list[int] = []
-        walks = [WALKS]
+        walks = [WALK_TOKENS]
         if allowed.size <= EXACT_MAX:
             for token in allowed.tolist():
                 if self._check(token, witness, left, safe, walks) is None:
@@ -418,9 +422,9 @@ class ClosingMatcher(MatcherWrapper):
                 safe[token] = list(suffix)
                 self.grow = max(self.grow, len(suffix) - len(witness))
                 return safe[token]
-        if walks[0] <= 0 or room < 0:
+        if walks[0] < room or room < 0:
             return None
-        walks[0] -= 1
+        walks[0] -= max(room, 1)
         if self.inner.try_consume([token]) != 1:
             return None
         try:
