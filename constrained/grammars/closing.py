@@ -165,13 +165,15 @@ def find_witness(
         matcher.rollback(len(path))
 
 
-def root_witness(grammar: Any, vocab: Vocab) -> list[int] | None:
+def root_witness(
+    grammar: Any, vocab: Vocab, scratch: torch.Tensor | None = None
+) -> list[int] | None:
     """A completion from a compiled grammar's start (``find_witness`` within
     ``ROOT_WITNESS_TOKENS``), walked once per grammar object and kept on it: admission
     checks a budget against it, and each request's closing layer starts from it."""
     cached = grammar.__dict__.get("_root_witness", False)
     if cached is False:
-        cached = find_witness(grammar.matcher(), vocab, ROOT_WITNESS_TOKENS)
+        cached = find_witness(grammar.matcher(), vocab, ROOT_WITNESS_TOKENS, scratch)
         grammar._root_witness = cached
     return cached
 

@@ -57,12 +57,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GROW = 8  # the rise of the need one token is assumed to cause at most, until one is seen
+GROW = 8  # the least rise of the need one token is assumed to cause at most
 EXACT_MAX = 64  # rows allowing more tokens are checked per class
 WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs its room), for tokens no
 # known suffix completes after
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
-CLASS_CHECKS = 64  # members of a wide row's class checked one by one when its ends differ
+CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 _PLAIN = np.ones(256, dtype=bool)
 _PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
 
@@ -135,7 +135,9 @@ class ClosingMatcher(MatcherWrapper):
         self.limit = limit  # max_tokens: output tokens, end-of-sequence included
         self.spent = 0  # output tokens before this stack's first (a thinking block)
         self.count = 0  # tokens consumed through this layer (look-aheads included)
-        self.grow = GROW
+        # One token can open a structure as large as what the output needs from its start
+        # (the root witness, the longest hint): checking begins that far from the budget.
+        self.grow = max(GROW, max((len(h) for h in hints), default=0))
         self.witness: list[int] | None = None  # a completion from the committed state
         self.need_bound = 1 << 30  # upper bound of the need while the witness is unknown
         self.safe: dict[int, list[int]] = {}  # last checked row: token -> its suffix
@@ -145,6 +147,7 @@ class ClosingMatcher(MatcherWrapper):
         # Suffixes to try before a walk; at first, a preempted request's earlier stack's
         # (``suffixes``): a fresh walk may find only longer ones.
         self.candidates: list[list[int]] = sorted(hints, key=len)
+        self.hints = self.candidates  # kept: a resumed output may be replayed in one step
         self.ahead: list[int] = []  # look-ahead tokens past the committed state
         self.narrowed = False  # the last committed row was narrowed
         self.warned = False
@@ -206,6 +209,8 @@ class ClosingMatcher(MatcherWrapper):
         classes = token_classes(self.vocab)[0]
         found = by_class.get(int(classes[new[-1]]))
         tries = [found] if found is not None else list(self.candidates)
+        if len(new) > 1:  # a replayed (resumed) output or accepted drafts: what was known
+            tries += self.hints
         if witness is not None:  # and its tails: the new tokens may stand for its first ones
             tries += [witness[k:] for k in range(min(len(new), len(witness)) + 1)]
             self.need_bound = len(witness)

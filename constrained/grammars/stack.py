@@ -39,6 +39,6 @@ def build_stack(
     matcher = compiled.matcher()
     if limit is None:
         return matcher
-    root = root_witness(compiled, vocab)  # walked once per grammar, for every request
+    root = root_witness(compiled, vocab, scratch)  # walked once per grammar, for every request
     hints = [*hints, root] if root is not None else hints
     return ClosingMatcher(matcher, vocab, limit, hints, scratch)
