@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from constrained import LOGITS_PROCESSORS, Options
+from constrained import Options
 from constrained.tiny_model import build_tiny_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -37,7 +37,8 @@ def main(model: str | None = None) -> None:
     from vllm import LLM, SamplingParams
 
     model = model or str(build_tiny_model())
-    llm = LLM(model=model, logits_processors=LOGITS_PROCESSORS, **engine_kwargs())
+    # No logits_processors: the installed package's entry points load them (docs/plugin.md).
+    llm = LLM(model=model, **engine_kwargs())
     tokenizer = llm.get_tokenizer()
     comma = tokenizer.encode(",")[0]
 
