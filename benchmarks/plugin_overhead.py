@@ -1,0 +1,76 @@
+"""What the installed plugin costs a request that uses none of its options (#29).
+
+Each round starts one engine, ``LLM(model)`` with no flag, in a child process, with our entry
+points active (the default) or turned off (``CONSTRAINED_ENTRY_POINTS=0``), and times one
+``generate`` of ``--batch`` prompts x ``--tokens`` tokens (temperature 1, a seed per
+request, ``ignore_eos``) after a warm-up call. Rounds alternate. Writes
+``plugin_overhead.json`` under ``--out``.
+
+    python -m benchmarks.plugin_overhead                  # batch 64 x 64 tokens, 2 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from benchmarks.common import machine_info, median
+
+CHILD = """
+import json, os, sys, time
+from vllm import LLM, SamplingParams
+from constrained.demo import engine_kwargs
+from constrained.tiny_model import build_tiny_model
+if __name__ == "__main__":
+    batch, tokens = int(sys.argv[1]), int(sys.argv[2])
+    llm = LLM(model=str(build_tiny_model()), **engine_kwargs())
+    prompts = [f"Request {i}: once upon a time" for i in range(batch)]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=tokens, ignore_eos=True)
+              for i in range(batch)]
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    print("RESULT", json.dumps({"tokens_per_s": batch * tokens / (time.perf_counter() - start)}))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    runs: dict[str, list[float]] = {"entry_points": [], "off": []}
+    for _ in range(args.rounds):
+        for name, flag in (("entry_points", "1"), ("off", "0")):
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(args.batch), str(args.tokens)],
+                env={**env, "CONSTRAINED_ENTRY_POINTS": flag},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+            runs[name].append(json.loads(line[len("RESULT ") :])["tokens_per_s"])
+            print(name, round(runs[name][-1], 1), flush=True)
+    record = {
+        "command": "python -m benchmarks.plugin_overhead " + " ".join(argv or sys.argv[1:]),
+        "machine": machine_info(),
+        "runs": runs,
+        "median_tokens_per_s": {k: median(v) for k, v in runs.items()},
+    }
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plugin_overhead.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record["median_tokens_per_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
