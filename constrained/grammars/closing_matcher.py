@@ -267,16 +267,6 @@ class ClosingMatcher(MatcherWrapper):
                 return other
         return found
 
-    def need(self) -> int | None:
-        """The current witness's length (walking for one if needed); None: none found."""
-        witness = self._known_witness()
-        if witness is None:
-            witness = self._walk(max(self.left - 1, 0))
-        if not self.ahead:
-            self.witness = witness
-            self.need_bound = len(witness) if witness is not None else 1 << 30
-        return len(witness) if witness is not None else None
-
     # -- the row -------------------------------------------------------------------------
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
