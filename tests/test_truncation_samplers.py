@@ -276,3 +276,53 @@ def test_bad_values_are_refused_naming_the_field(extra: dict, field: str) -> Non
         Options.from_extra_args(extra)
     assert err.value.field == field
     assert f"'{field}'" in str(err.value)
+
+
+def test_typical_p_kernel_matches_the_sorting_reference() -> None:
+    """The Triton kernel that V2 (and V1 on CUDA) uses, run in Triton's interpreter in a fresh
+    process, keeps the float64 sorting reference's tokens on vocabulary-sized rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.typical_kernel_rows"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TYPICALROWS "))
+    bounds = json.loads(line[len("TYPICALROWS ") :])
+    logits = typical_rows()
+    for i, p in enumerate(TYPICAL_MASSES):
+        row = logits[i]
+        got = (row >= bounds["low"][i]) & (row <= bounds["high"][i]) & (row > -math.inf)
+        got_ids = set(got.nonzero().flatten().tolist())
+        if p >= 1.0:
+            assert got_ids == set((row > -math.inf).nonzero().flatten().tolist())
+            continue
+        kept, margin = typical_reference(row.double().tolist(), p)
+        if i == 5:  # all ties
+            kept = set(range(row.numel()))
+        differ = kept ^ got_ids
+        assert all(abs(margin[t]) < NEAR for t in differ), (p, len(differ))
+        assert got_ids, p
+
+
+TYPICAL_MASSES = [0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999, 1.0, 0.2]
+
+
+def typical_rows() -> torch.Tensor:
+    """The rows both processes build: a spread of shapes, one with masked tokens, one flat,
+    one fully masked but for a single token."""
+    torch.manual_seed(5)
+    logits = torch.randn(len(TYPICAL_MASSES), 151_936) * 2
+    logits[:, :50] += torch.linspace(8, 2, 50)
+    logits[3, ::3] = -math.inf
+    logits[5] = 0.25  # all ties: kept together
+    logits[9] = -math.inf
+    logits[9, 7] = 1.0
+    return logits

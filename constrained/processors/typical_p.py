@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from vllm.triton_utils import HAS_TRITON
 
 from constrained.options import Options
 from constrained.processors.truncation import Bounds, TruncationProcessor
 from constrained.processors.truncation_math import typical_bounds, typical_bounds_on_host
+from constrained.processors.typical_kernel import typical_bounds_kernel
 
 
 class TypicalPProcessor(TruncationProcessor):
@@ -26,6 +30,13 @@ class TypicalPProcessor(TruncationProcessor):
     PARAM = "typical_p"
     NEUTRAL = 1.0
 
+    def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
+        super().__init__(vllm_config, *runner_args)
+        # Decided once: one Triton launch where Triton runs (V2 always, V1 on CUDA), else
+        # the torch histogram search; V1 on CPU uses the exact host search.
+        on_triton = self.layout.pick(self.layout.device.type == "cuda" and HAS_TRITON, True)
+        self.device_bounds = typical_bounds_kernel if on_triton else typical_bounds
+
     def value_of(self, options: Options) -> float | None:
         value = options.typical_p
         return None if value is None or value >= 1.0 else value
@@ -35,4 +46,4 @@ class TypicalPProcessor(TruncationProcessor):
     ) -> Bounds:
         if on_host:
             return typical_bounds_on_host(logits, params["typical_p"], self.scratch)
-        return typical_bounds(logits, params["typical_p"])
+        return self.device_bounds(logits, params["typical_p"])
