@@ -10,14 +10,20 @@ parts). Steps, each with what is left of the time budget:
 (b) every processor's rows on cuda against the same inputs on the CPU (the kit's
     ``cuda_vs_cpu.py``, V1 interface);
 (c) the per-step bench through vLLM's real V2 sampler: ours, vLLM's built-ins, the floor (the
-    kit's ``bench.py``).
+    kit's ``bench.py``);
+(d) the torch profiler over the same steps: kernels per step and device time per kernel
+    (``benchmarks/gpu_profile.py``).
 
-Steps (b) and (c) run the kit's scripts with its ``cuda_harness.load_harness`` replaced by a
-plain import of our harness (the device parameter makes the kit's text edits unnecessary).
+(c) and (d) run first, alone on the device (timings); then (a) and (b) side by side.
+
+Steps (b) and (c) run the kit's scripts, (d) ours, with the kit's ``cuda_harness.load_harness``
+replaced by a plain import of our harness (the device parameter makes the kit's text edits
+unnecessary).
 Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (the table). ``--dry-run`` (or
 ``GPU_DRYRUN=1``): device cpu, Triton's interpreter, the installed vLLM; proves the chain.
 
     python -m benchmarks.gpu_check [--dry-run] [--out DIR] [--kit DIR] [--budget 345]
+                                   [--skip a,b,c,d]
 """
 
 from __future__ import annotations
@@ -64,8 +70,11 @@ def child(args: argparse.Namespace) -> int:
         from tests.v2_real import scenarios
 
         return scenarios.main([args.scenario])
-    sys.argv = [args.kit_script, *args.rest]
-    runpy.run_path(str(args.kit / args.kit_script), run_name="__main__")
+    script = args.kit / args.kit_script
+    if not script.exists():  # one of ours (benchmarks/gpu_profile.py)
+        script = ROOT / args.kit_script
+    sys.argv = [str(script), *args.rest]
+    runpy.run_path(str(script), run_name="__main__")
     return 0
 
 
@@ -77,7 +86,11 @@ class Run:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
                     "CONSTRAINED_V2_DEVICE": "cpu" if args.dry_run else "cuda",
-                    "GPU_DIR": str(args.kit), "PROJECT_ROOT": str(ROOT)}  # fmt: skip
+                    "GPU_DIR": str(args.kit), "PROJECT_ROOT": str(ROOT),
+                    "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1"}  # fmt: skip
+        self.env.setdefault("CONSTRAINED_CACHE", "/tmp/constrained-cache")
+        self.env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if args.dry_run:
             self.env["GPU_DRYRUN"] = "1"
         else:
@@ -193,7 +206,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--scenario-timeout", type=float, default=150.0)
     p.add_argument("--only", default="", help="scenarios to run (default: all)")
-    p.add_argument("--skip", default="", help="steps to skip: a,b,c")
+    p.add_argument("--skip", default="", help="steps to skip: a,b,c,d")
+    p.add_argument("--bench-timeout", type=float, default=150.0)
     p.add_argument("--scenario", default="")
     p.add_argument("--kit-script", default="")
     p.add_argument("rest", nargs="*")
@@ -204,16 +218,26 @@ def main(argv: list[str]) -> int:
     run = Run(args)
     run.install()
     skip = set(args.skip.split(","))
-    if "a" not in skip:
-        run.scenarios()
-    if "b" not in skip:
-        run.kit_script("b_cuda_vs_cpu", "cuda_vs_cpu.py",
-                       ["--json", str(args.out / "cuda_vs_cpu.json")], 120)  # fmt: skip
+    # (c) and (d) first and alone (timings), then (a) and (b) side by side (correctness).
     if "c" not in skip:
         extra = ["--vocabs", "151936", "--only", "pen_bias_minp,vllm_builtin_pen_bias_minp"]
         run.kit_script("c_bench", "bench.py",
                        ["--json", str(args.out / "gpu_results.json"),
-                        *(extra if args.dry_run else [])], 150)  # fmt: skip
+                        *(extra if args.dry_run else [])], args.bench_timeout)  # fmt: skip
+    if "d" not in skip:
+        extra = ["--points", "151936x64", "--only", "none,pen_bias_minp,typical_p"]
+        run.kit_script("d_profile", "benchmarks/gpu_profile.py",
+                       ["--json", str(args.out / "gpu_profile.json"),
+                        *(extra if args.dry_run else [])], 90)  # fmt: skip
+    with ThreadPoolExecutor(1) as side:
+        rows = None
+        if "b" not in skip:
+            rows = side.submit(run.kit_script, "b_cuda_vs_cpu", "cuda_vs_cpu.py",
+                               ["--json", str(args.out / "cuda_vs_cpu.json")], 150)  # fmt: skip
+        if "a" not in skip:
+            run.scenarios()
+        if rows is not None:
+            rows.result()
     table = run.table()
     (args.out / "gpu_check.md").write_text(table)
     summary = {"dry_run": args.dry_run, "seconds": round(time.monotonic() - run.t0, 1),
