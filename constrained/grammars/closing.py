@@ -225,12 +225,9 @@ def _cheapest(cost: np.ndarray, count: int) -> np.ndarray:
 
 
 def completes(matcher: Matcher, tokens: Sequence[int]) -> bool:
-    """Whether ``tokens`` are all consumed and leave the output complete (matcher unchanged)."""
-    accepted = matcher.try_consume(tokens)
-    try:
-        return accepted == len(tokens) and matcher.accepts_end()
-    finally:
-        matcher.rollback(accepted)
+    """Whether ``tokens`` are all consumed and leave the output complete (matcher unchanged;
+    the contract's ``Matcher.completes``)."""
+    return matcher.completes(tokens)
 
 
 def keeps_completion(

@@ -110,6 +110,17 @@ class LLGuidanceMatcher(Matcher):
             return 0
         return self.inner.try_consume_tokens(list(tokens))
 
+    def completes(self, tokens: Sequence[int]) -> bool:
+        """The tokens and then end-of-sequence validated without committing them: exactly
+        ``try_consume`` + ``accepts_end`` + ``rollback``, without the work llguidance does
+        when a consumed token ends the grammar (about 35 us against 2 us)."""
+        tokens = list(tokens)
+        if self.error is not None:
+            return False
+        if self.eos in tokens:  # never in closing's checks; the generic path says
+            return super().completes(tokens)
+        return self.inner.validate_tokens([*tokens, self.eos]) == len(tokens) + 1
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         # A stopped or failed llguidance matcher writes an EOS-only mask by itself.
         import llguidance.torch

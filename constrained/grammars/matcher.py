@@ -25,6 +25,10 @@ The core (every layer):
 
 The optional hooks (defaults here; a layer overrides what it knows):
 
+- ``completes(tokens) -> bool``: whether ``tokens`` are all consumed and leave the output
+  complete (``accepts_end``), the matcher unchanged: ``try_consume``, ``accepts_end`` and
+  ``rollback`` by default; a backend with a cheaper exact check overrides it (llguidance
+  validates the tokens and end-of-sequence without committing them). Closing's checks.
 - ``forced() -> list[int]``: tokens the grammar forces next, fewest first (``[]``: none
   known). Taking them is always allowed; look-aheads use them to skip mask fills.
 - ``forced_bytes() -> bytes | None``: the bytes forced next whichever tokens write them;
@@ -77,6 +81,13 @@ class Matcher:
         raise NotImplementedError
 
     # -- optional hooks ---------------------------------------------------------------
+
+    def completes(self, tokens: Sequence[int]) -> bool:
+        accepted = self.try_consume(tokens)
+        try:
+            return accepted == len(tokens) and self.accepts_end()
+        finally:
+            self.rollback(accepted)
 
     def forced(self) -> list[int]:
         return []
