@@ -102,18 +102,23 @@ class Run:
         return self.args.budget - (time.monotonic() - self.t0)
 
     def sub(self, argv: list[str], timeout: float, log: Path) -> tuple[int, str]:
+        """Run a child, its output streamed to ``log`` (so a timed-out child leaves its
+        progress behind), and return its exit status and output."""
         cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
         if self.args.dry_run:
             cmd.insert(2, "--dry-run")
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,
-                                  timeout=max(5.0, timeout))  # fmt: skip
-            text, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            text = (out.decode() if isinstance(out, bytes) else out) + "\nTIMED OUT"
-            rc = 124
-        log.write_text(text)
+        with log.open("w") as out:
+            try:
+                limit = max(5.0, timeout)
+                proc = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=limit)  # fmt: skip
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        text = log.read_text()
+        if rc == 124:
+            text += "\nTIMED OUT"
+            log.write_text(text)
         return rc, text
 
     def install(self) -> None:

@@ -159,9 +159,12 @@ def _penalties_max_kernel(
             leaving = counted + k - window
             if (window > 0) and valid and (leaving >= 0):
                 if leaving < counted:  # a committed token leaves the window
+                    # both int32 (the two tables' id types differ; Triton's compiler wants
+                    # one type out of the branch)
                     old = tl.load(all_token_ids_ptr + slot * all_token_ids_stride + leaving)
+                    old = old.to(tl.int32)
                 else:  # a window shorter than the drafts: an earlier draft leaves
-                    old = tl.load(input_ids_ptr + first + 1 + leaving - counted)
+                    old = tl.load(input_ids_ptr + first + 1 + leaving - counted).to(tl.int32)
                 weight = tl.where(leaving < prompt_len, unit, 1)
                 packed -= (block == old).to(tl.int32) * weight
 

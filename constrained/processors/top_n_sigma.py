@@ -6,6 +6,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_kernels import top_n_sigma_bounds_kernel
 from constrained.processors.truncation_math import (
     finite_mean_std,
     mean_std_on_host,
@@ -35,5 +36,7 @@ class TopNSigmaProcessor(TruncationProcessor):
     def bounds(
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
+        if self.on_triton:
+            return top_n_sigma_bounds_kernel(logits, params["top_n_sigma"])
         mean_std = mean_std_on_host if on_host else finite_mean_std
         return top_n_sigma_bounds(logits, params["top_n_sigma"], mean_std)

@@ -10,7 +10,9 @@ is applied, decided once when the processor is built:
   bounds are computed 4 rows at a time (blocks that stay in cache instead of [rows, vocab]
   temporaries) and applied with one vectorized ``threshold_`` per row and side.
 - ``TensorMask`` (V2, or any accelerator): bounds for every row at once (neutral for rows
-  that do not use the sampler) and one ``masked_fill_`` per side: no host values, no sync.
+  that do not use the sampler) and the mask in one Triton launch where Triton runs
+  (``truncation_kernels.mask_outside_kernel``), else one ``masked_fill_`` per side: no host
+  values, no sync.
 
 All three run before temperature in both runners, like llama.cpp (declared not
 argmax-invariant, so V1 runs them with the other pre-temperature processors, in
@@ -24,11 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+from vllm.triton_utils import HAS_TRITON
 
 from constrained.options import Options
 from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcessor, Tokens
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
+from constrained.processors.truncation_kernels import mask_outside_kernel
 from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
 
 if TYPE_CHECKING:
@@ -51,6 +55,9 @@ class TruncationProcessor(DualInterfaceProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
+        # Decided once: where Triton runs (V2 always, V1 on CUDA) the tensor mask is one
+        # kernel, and a subclass may use its own kernels for the bounds.
+        self.on_triton = self.layout.pick(self.layout.device.type == "cuda" and HAS_TRITON, True)
         self.mask = HostRowsMask(self) if self.layout.host_reads_free else TensorMask(self)
         self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
 
@@ -108,10 +115,11 @@ class TensorMask:
 
     def __init__(self, processor: TruncationProcessor) -> None:
         self.processor = processor
+        self.mask_outside = mask_outside_kernel if processor.on_triton else mask_outside
 
     def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
         low, high = self.processor.bounds(logits, self.processor.row_params(rows, False), False)
-        return mask_outside(logits, low, high)
+        return self.mask_outside(logits, low, high)
 
 
 class HostRowsMask:

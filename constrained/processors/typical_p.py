@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.triton_utils import HAS_TRITON
 
 from constrained.options import Options
 from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_kernels import typical_bounds_kernel
 from constrained.processors.truncation_math import typical_bounds, typical_bounds_on_host
-from constrained.processors.typical_kernel import typical_bounds_kernel
 
 
 class TypicalPProcessor(TruncationProcessor):
@@ -32,10 +31,8 @@ class TypicalPProcessor(TruncationProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        # Decided once: one Triton launch where Triton runs (V2 always, V1 on CUDA), else
-        # the torch histogram search; V1 on CPU uses the exact host search.
-        on_triton = self.layout.pick(self.layout.device.type == "cuda" and HAS_TRITON, True)
-        self.device_bounds = typical_bounds_kernel if on_triton else typical_bounds
+        # V1 on CPU: the exact host search; where Triton runs: its kernels; else torch.
+        self.device_bounds = typical_bounds_kernel if self.on_triton else typical_bounds
 
     def value_of(self, options: Options) -> float | None:
         value = options.typical_p

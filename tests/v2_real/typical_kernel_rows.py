@@ -1,4 +1,4 @@
-"""Typical-p's Triton kernel (``processors/typical_kernel.py``) on full-vocabulary rows, in
+"""Typical-p's Triton kernel (``processors/truncation_kernels.py``) on full-vocabulary rows, in
 Triton's interpreter: prints ``TYPICALROWS`` and the JSON of each row's ``(low, high)``.
 
 Run in a fresh process (``python -m tests.v2_real.typical_kernel_rows``): it imports the V2
@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from constrained.processors.typical_kernel import typical_bounds_kernel
+from constrained.processors.truncation_kernels import typical_bounds_kernel
 from tests.test_truncation_samplers import TYPICAL_MASSES, typical_rows
 
 

@@ -1,0 +1,339 @@
+"""The truncation samplers' Triton kernels (Model Runner V2, and V1 on CUDA).
+
+- ``typical_bounds_kernel``: typical-p's bounds, the same search as
+  ``truncation_math.typical_bounds`` (read its docstring for the math) in ``3 + LEVELS``
+  launches and nothing ``[rows, vocab]``-sized. Each launch runs ``rows x splits`` programs,
+  one per chunk of a row (``CHUNK`` logits), so a small batch still fills the GPU:
+
+  1. pass 0: each chunk's top and bottom logit;
+  2. pass 1: each chunk's ``sum(exp(l - top))`` and ``sum(exp(l - top) * (l - top))``;
+  3. passes 2 .. 1 + LEVELS: each chunk's ``BINS``-bucket histogram of ``d = |l - c|``
+     weighted by ``exp(l - top)``, over the range the previous levels narrowed down to, and
+     its mass below that range (16 buckets x 6 levels = the torch path's 4096 x 2 =
+     ``2**-24`` of the range of ``d``);
+  4. the last pass, one program per row: the bounds.
+
+  Every program first replays what the passes before it found, from their per-chunk
+  results, in a fixed order: no atomics and no host reads, so a row's bounds are the same on
+  every rank and every run. Each level recounts the mass below its range, so a token at a
+  bucket edge is counted once per level, never twice.
+
+- ``top_n_sigma_bounds_kernel``: top-n-sigma's bound in three launches of the same shape
+  (the torch form is ~16 ops with ``[rows, vocab]`` temporaries).
+
+- ``mask_outside_kernel``: ``truncation_math.mask_outside`` in one pass that stores only the
+  entries it masks (the torch form is two compares and two ``masked_fill_``).
+
+The torch path for typical-p was 7-15 ms per step on an H200 at batch 256 (a ``scatter_add``
+histogram with hot buckets, ``int64 [rows, vocab]`` temporaries); see docs/benchmarks.md#gpu.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from vllm.triton_utils import tl, triton
+
+from constrained.processors.truncation_math import FLOAT32_UNDERFLOW, TYPICAL_MARGIN
+
+BINS = 16
+LEVELS = 6  # BINS ** LEVELS == 4096 ** 2, the torch path's resolution
+# Triton's interpreter (the CPU V2 tests) runs each block op in numpy: wide blocks, few ops.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+BLOCK = 8192 if _INTERPRETED else 1024
+CHUNK = 32768 if _INTERPRETED else 8192  # logits per program and pass
+MASK_BLOCK = 8192 if _INTERPRETED else 2048
+
+
+@triton.jit
+def _replay_top(row, stats_ptr, nsplit, SPLIT_P2: tl.constexpr):
+    """The row's top logit, from pass 0's per-chunk results."""
+    s = tl.arange(0, SPLIT_P2)
+    return tl.max(
+        tl.load(stats_ptr + (row * nsplit + s) * 4, mask=s < nsplit, other=float("-inf")), 0
+    )
+
+
+@triton.jit
+def _replay(
+    row,
+    mass_ptr,
+    stats_ptr,
+    hist_ptr,
+    below_ptr,
+    nsplit,
+    DONE: tl.constexpr,
+    UNDERFLOW: tl.constexpr,
+    BINS: tl.constexpr,
+    LEVELS: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+):
+    """What the passes before this one found for ``row``: top, c (shifted), the current
+    range ``[lo, lo + width)`` of ``d`` and the target mass. ``DONE`` levels are replayed."""
+    s = tl.arange(0, SPLIT_P2)
+    ok = s < nsplit
+    stats = stats_ptr + (row * nsplit + s) * 4
+    top = tl.max(tl.load(stats, mask=ok, other=float("-inf")), 0)
+    bottom = tl.min(tl.load(stats + 1, mask=ok, other=float("inf")), 0)
+    bottom = tl.maximum(bottom - top, -UNDERFLOW)
+    total = tl.sum(tl.load(stats + 2, mask=ok, other=0.0), 0)
+    centre = tl.sum(tl.load(stats + 3, mask=ok, other=0.0), 0) / total
+    width = tl.maximum(tl.maximum(-centre, centre - bottom), 1e-3)
+    target = tl.load(mass_ptr + row).to(tl.float64) * total.to(tl.float64)
+    lo = centre * 0.0
+    bins = tl.arange(0, BINS)
+    for level in tl.static_range(DONE):
+        step = width / BINS
+        cells = hist_ptr + ((row * LEVELS + level) * nsplit + s[:, None]) * BINS + bins[None, :]
+        hist = tl.sum(tl.load(cells, mask=ok[:, None], other=0.0), 0)
+        below = tl.sum(
+            tl.load(below_ptr + (row * LEVELS + level) * nsplit + s, mask=ok, other=0.0), 0
+        )
+        running = below + tl.cumsum(hist, 0)
+        crossing = tl.minimum(tl.sum((running <= target).to(tl.int32), 0), BINS - 1)
+        lo = lo + crossing.to(tl.float32) * step
+        width = step
+    return top, centre, lo, width, target
+
+
+@triton.jit
+def _typical_pass_kernel(
+    logits_ptr,
+    logits_stride,
+    vocab,
+    mass_ptr,
+    stats_ptr,
+    hist_ptr,
+    below_ptr,
+    low_ptr,
+    high_ptr,
+    PASS: tl.constexpr,
+    MARGIN: tl.constexpr,
+    UNDERFLOW: tl.constexpr,
+    BINS: tl.constexpr,
+    LEVELS: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    nsplit = tl.cdiv(vocab, CHUNK)
+    base = logits_ptr + row * logits_stride
+    offs = tl.arange(0, BLOCK)
+    first = part * CHUNK
+    if PASS == 0:  # the chunk's top and bottom logit
+        top_acc = tl.full([BLOCK], float("-inf"), tl.float32)
+        bottom_acc = tl.full([BLOCK], float("inf"), tl.float32)
+        for start in range(first, first + CHUNK, BLOCK):
+            idx = start + offs
+            ok = idx < vocab
+            x = tl.load(base + idx, mask=ok, other=float("-inf"))
+            top_acc = tl.maximum(top_acc, x)
+            bottom_acc = tl.minimum(bottom_acc, tl.where(ok, x, float("inf")))
+        stats = stats_ptr + (row * nsplit + part) * 4
+        tl.store(stats, tl.max(top_acc, 0))
+        tl.store(stats + 1, tl.min(bottom_acc, 0))
+    elif PASS == 1:  # the chunk's Z and first moment (shifted by the row's top)
+        top = _replay_top(row, stats_ptr, nsplit, SPLIT_P2)
+        total_acc = tl.zeros([BLOCK], tl.float32)
+        moment_acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(first, first + CHUNK, BLOCK):
+            idx = start + offs
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+            shifted = x - top
+            weight = tl.exp(shifted)  # masked tokens weigh 0
+            total_acc += weight
+            moment_acc += weight * tl.maximum(shifted, -UNDERFLOW)
+        stats = stats_ptr + (row * nsplit + part) * 4
+        tl.store(stats + 2, tl.sum(total_acc, 0))
+        tl.store(stats + 3, tl.sum(moment_acc, 0))
+    elif PASS < 2 + LEVELS:  # the chunk's histogram at level PASS - 2
+        top, centre, lo, width, _t = _replay(row, mass_ptr, stats_ptr, hist_ptr, below_ptr,
+                                             nsplit, PASS - 2, UNDERFLOW, BINS, LEVELS,
+                                             SPLIT_P2)  # fmt: skip
+        step = width / BINS
+        bins = tl.arange(0, BINS)
+        hist = tl.zeros([BINS], tl.float32)
+        below_acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(first, first + CHUNK, BLOCK):
+            idx = start + offs
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+            shifted = x - top
+            weight = tl.exp(shifted)
+            distance = tl.abs(tl.maximum(shifted, -UNDERFLOW) - centre)
+            scaled = (distance - lo) / step
+            below_acc += tl.where(scaled < 0, weight, 0.0)
+            bucket = tl.minimum(scaled, BINS - 1).to(tl.int32)  # floor: scaled >= 0 here
+            hit = (bucket[:, None] == bins[None, :]) & (scaled >= 0)[:, None]
+            hist += tl.sum(tl.where(hit, weight[:, None], 0.0), 0)
+        cell = ((row * LEVELS + PASS - 2) * nsplit + part) * BINS
+        tl.store(hist_ptr + cell + bins, hist.to(tl.float64))
+        below = tl.sum(below_acc, 0).to(tl.float64)
+        tl.store(below_ptr + (row * LEVELS + PASS - 2) * nsplit + part, below)
+    else:  # one program per row: the bounds; the last crossing bucket is kept whole
+        top, centre, lo, width, _t = _replay(row, mass_ptr, stats_ptr, hist_ptr, below_ptr,
+                                             nsplit, LEVELS, UNDERFLOW, BINS, LEVELS,
+                                             SPLIT_P2)  # fmt: skip
+        middle = (top + centre).to(tl.float64)
+        radius = (lo + width).to(tl.float64)
+        radius = radius + MARGIN * (tl.abs(middle) + radius + 1.0)
+        keep_all = (tl.load(mass_ptr + row) >= 1.0) | (top == float("-inf"))
+        tl.store(low_ptr + row, tl.where(keep_all, float("-inf"), middle - radius).to(tl.float32))
+        tl.store(high_ptr + row, tl.where(keep_all, float("inf"), middle + radius).to(tl.float32))
+
+
+def typical_bounds_kernel(
+    logits: torch.Tensor, mass: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``truncation_math.typical_bounds`` in ``3 + LEVELS`` launches: ``(low, high)`` float32.
+
+    Args:
+        logits: [rows, vocab] float32 on a Triton device (rows contiguous in the last dim).
+        mass: [rows] float32 ``typical_p``; ``>= 1`` keeps the row whole.
+    """
+    rows, vocab = logits.shape
+    device = logits.device
+    low = torch.empty(rows, dtype=torch.float32, device=device)
+    high = torch.empty_like(low)
+    if rows == 0:
+        return low, high
+    assert logits.stride(1) == 1, "typical_bounds_kernel: rows must be contiguous"
+    nsplit = triton.cdiv(vocab, CHUNK)
+    stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=device)
+    hist = torch.empty(rows, LEVELS, nsplit, BINS, dtype=torch.float64, device=device)
+    below = torch.empty(rows, LEVELS, nsplit, dtype=torch.float64, device=device)
+    mass = mass.to(torch.float32)
+    fixed = {"MARGIN": TYPICAL_MARGIN, "UNDERFLOW": FLOAT32_UNDERFLOW, "BINS": BINS,
+             "LEVELS": LEVELS, "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": BLOCK,
+             "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
+    args = (logits, logits.stride(0), vocab, mass, stats, hist, below, low, high)
+    for p in range(2 + LEVELS):
+        _typical_pass_kernel[(rows, nsplit)](*args, PASS=p, **fixed)
+    _typical_pass_kernel[(rows, 1)](*args, PASS=2 + LEVELS, **fixed)
+    return low, high
+
+
+@triton.jit
+def _top_n_sigma_pass_kernel(
+    logits_ptr,
+    logits_stride,
+    vocab,
+    n_ptr,
+    stats_ptr,
+    low_ptr,
+    PASS: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    nsplit = tl.cdiv(vocab, CHUNK)
+    base = logits_ptr + row * logits_stride
+    offs = tl.arange(0, BLOCK)
+    first = part * CHUNK
+    s = tl.arange(0, SPLIT_P2)
+    stats = stats_ptr + (row * nsplit + s) * 4
+    if PASS == 0:  # the chunk's top, finite count and finite sum
+        top_acc = tl.full([BLOCK], float("-inf"), tl.float32)
+        count_acc = tl.zeros([BLOCK], tl.float32)
+        sum_acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(first, first + CHUNK, BLOCK):
+            idx = start + offs
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+            finite = x > float("-inf")
+            top_acc = tl.maximum(top_acc, x)
+            count_acc += finite.to(tl.float32)
+            sum_acc += tl.where(finite, x, 0.0)
+        mine = stats_ptr + (row * nsplit + part) * 4
+        tl.store(mine, tl.max(top_acc, 0))
+        tl.store(mine + 1, tl.sum(count_acc, 0))
+        tl.store(mine + 2, tl.sum(sum_acc, 0))
+    else:
+        ok = s < nsplit
+        count = tl.sum(tl.load(stats + 1, mask=ok, other=0.0), 0)
+        mean = tl.sum(tl.load(stats + 2, mask=ok, other=0.0), 0) / count
+        if PASS == 1:  # the chunk's sum of squared deviations of finite logits
+            sq_acc = tl.zeros([BLOCK], tl.float32)
+            for start in range(first, first + CHUNK, BLOCK):
+                idx = start + offs
+                x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+                deviation = tl.where(x > float("-inf"), x - mean, 0.0)
+                sq_acc += deviation * deviation
+            tl.store(stats_ptr + (row * nsplit + part) * 4 + 3, tl.sum(sq_acc, 0))
+        else:  # one program per row: low = top - n * std; nan (no spread to speak of) keeps all
+            top = tl.max(tl.load(stats, mask=ok, other=float("-inf")), 0)
+            std = tl.sqrt(tl.sum(tl.load(stats + 3, mask=ok, other=0.0), 0)) / tl.sqrt(count)
+            low = top - tl.load(n_ptr + row) * std
+            tl.store(low_ptr + row, tl.where(low == low, low, float("-inf")))
+
+
+def top_n_sigma_bounds_kernel(logits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """``truncation_math.top_n_sigma_bounds`` in three launches: ``(low, None)``.
+
+    Pass 0: each chunk's top, finite count and sum; pass 1: each chunk's squared deviations
+    from the row's mean (two passes, as the torch form, for a stable variance); then the
+    bound per row. Every program replays the row's totals from the per-chunk results.
+    """
+    rows, vocab = logits.shape
+    low = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows == 0:
+        return low, None
+    assert logits.stride(1) == 1, "top_n_sigma_bounds_kernel: rows must be contiguous"
+    nsplit = triton.cdiv(vocab, CHUNK)
+    stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=logits.device)
+    fixed = {"SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": BLOCK, "CHUNK": CHUNK,
+             "num_warps": 8}  # fmt: skip
+    args = (logits, logits.stride(0), vocab, n.to(torch.float32), stats, low)
+    _top_n_sigma_pass_kernel[(rows, nsplit)](*args, PASS=0, **fixed)
+    _top_n_sigma_pass_kernel[(rows, nsplit)](*args, PASS=1, **fixed)
+    _top_n_sigma_pass_kernel[(rows, 1)](*args, PASS=2, **fixed)
+    return low, None
+
+
+@triton.jit
+def _mask_outside_kernel(
+    logits_ptr,
+    logits_stride,
+    vocab,
+    low_ptr,
+    high_ptr,
+    HAS_LOW: tl.constexpr,
+    HAS_HIGH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < vocab
+    ptrs = logits_ptr + row * logits_stride + idx
+    x = tl.load(ptrs, mask=ok, other=0.0)
+    drop = tl.zeros([BLOCK], tl.int1)
+    if HAS_LOW:
+        drop = drop | (x < tl.load(low_ptr + row))
+    if HAS_HIGH:
+        drop = drop | (x > tl.load(high_ptr + row))
+    tl.store(ptrs, tl.full([BLOCK], float("-inf"), tl.float32), mask=ok & drop)
+
+
+def mask_outside_kernel(
+    logits: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | None
+) -> torch.Tensor:
+    """``truncation_math.mask_outside`` in one launch (``None``: that side is open)."""
+    rows, vocab = logits.shape
+    if rows == 0 or (low is None and high is None):
+        return logits
+    assert logits.stride(1) == 1, "mask_outside_kernel: rows must be contiguous"
+    grid = (rows, triton.cdiv(vocab, MASK_BLOCK))
+    _mask_outside_kernel[grid](
+        logits,
+        logits.stride(0),
+        vocab,
+        logits if low is None else low.float(),  # an open side's pointer is never read
+        logits if high is None else high.float(),
+        HAS_LOW=low is not None,
+        HAS_HIGH=high is not None,
+        BLOCK=MASK_BLOCK,
+    )
+    return logits
