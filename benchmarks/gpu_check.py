@@ -213,6 +213,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", default="", help="scenarios to run (default: all)")
     p.add_argument("--skip", default="", help="steps to skip: a,b,c,d")
     p.add_argument("--bench-timeout", type=float, default=150.0)
+    p.add_argument("--bench-only", default="", help="bench configurations (default: all)")
+    p.add_argument("--rows-timeout", type=float, default=180.0)
     p.add_argument("--scenario", default="")
     p.add_argument("--kit-script", default="")
     p.add_argument("rest", nargs="*")
@@ -226,9 +228,11 @@ def main(argv: list[str]) -> int:
     # (c) and (d) first and alone (timings), then (a) and (b) side by side (correctness).
     if "c" not in skip:
         extra = ["--vocabs", "151936", "--only", "pen_bias_minp,vllm_builtin_pen_bias_minp"]
+        if not args.dry_run:
+            extra = ["--only", args.bench_only] if args.bench_only else []
         run.kit_script("c_bench", "bench.py",
-                       ["--json", str(args.out / "gpu_results.json"),
-                        *(extra if args.dry_run else [])], args.bench_timeout)  # fmt: skip
+                       ["--json", str(args.out / "gpu_results.json"), *extra],
+                       args.bench_timeout)  # fmt: skip
     if "d" not in skip:
         extra = ["--points", "151936x64", "--only", "none,pen_bias_minp,typical_p"]
         run.kit_script("d_profile", "benchmarks/gpu_profile.py",
@@ -238,7 +242,8 @@ def main(argv: list[str]) -> int:
         rows = None
         if "b" not in skip:
             rows = side.submit(run.kit_script, "b_cuda_vs_cpu", "cuda_vs_cpu.py",
-                               ["--json", str(args.out / "cuda_vs_cpu.json")], 150)  # fmt: skip
+                               ["--json", str(args.out / "cuda_vs_cpu.json")],
+                               args.rows_timeout)  # fmt: skip
         if "a" not in skip:
             run.scenarios()
         if rows is not None:
