@@ -41,7 +41,8 @@ def test_launches_and_syncs_per_step(tmp_path: Path) -> None:
     out = tmp_path / "counts.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.launch_counts", "--json", str(out)],
+        [sys.executable, "-m", "tests.v2_real.launch_counts", "--json", str(out),
+         "--variants", str(tmp_path / "variants.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -60,3 +61,33 @@ def test_launches_and_syncs_per_step(tmp_path: Path) -> None:
         assert results[name]["ours"] == 0
     syncs = {name: r["syncs"] for name, r in results.items() if r["syncs"]}
     assert not syncs, f"host syncs in a step: {syncs}"
+
+
+# Every Triton kernel of ours; each must have been launched in some configuration above.
+OUR_KERNELS = {
+    "_prep_kernel", "_penalties_max_kernel", "_min_p_mask_kernel", "_typical_pass_kernel",
+    "_top_n_sigma_pass_kernel", "_mask_outside_kernel",
+}  # fmt: skip
+
+
+def test_every_kernel_variant_compiles_for_the_gpu(tmp_path: Path) -> None:
+    """Each variant of our kernels that the launch counts ran in Triton's interpreter (its
+    argument types and constexprs) compiles for sm_90 with Triton's NVIDIA backend, no GPU
+    needed: the interpreter forgave two compile errors that first showed on an H200 (#28)."""
+    variants = tmp_path / "variants.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launch = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.launch_counts", "--variants", str(variants)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    assert {v["name"] for v in json.loads(variants.read_text())} >= OUR_KERNELS
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.cuda_compile", str(variants)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CUDACOMPILE ")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = {k: v for k, v in json.loads(line[len("CUDACOMPILE ") :]).items() if v != "ok"}
+    assert not failed, failed
+    assert proc.returncode == 0

@@ -128,6 +128,9 @@ def _penalties_max_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(row_slots_ptr + row).to(tl.int64)
+    # Bound on every path: Triton's compiler (unlike its interpreter) compiles the runtime
+    # ``if penalized:`` below even when HAS_PENALTIES is off.
+    rep, freq, pres = 1.0, 0.0, 0.0
     penalized = False
     if HAS_PENALTIES:
         rep = tl.load(repetition_ptr + slot)

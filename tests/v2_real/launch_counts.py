@@ -89,6 +89,7 @@ class LaunchCounter(TorchDispatchMode):
         self.names: dict[str, Counter[str]] = {}
         self.paused = 0
         self.recording = False
+        self.variants: dict[str, dict] = {}  # our kernels as launched (``--variants``)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         if self.recording and not self.paused:
@@ -109,6 +110,25 @@ class LaunchCounter(TorchDispatchMode):
 
         return run
 
+    def remember_variant(self, fn: Any, args: tuple, kwargs: dict) -> None:
+        """One of our kernels as launched: its argument types and constexpr values, for
+        ``tests/v2_real/cuda_compile.py`` to compile for the GPU in a process of its own."""
+        from triton.runtime.jit import JITFunction
+
+        jit = JITFunction(fn)
+        values = dict(zip(jit.arg_names, args, strict=False))
+        values.update({k: v for k, v in kwargs.items() if k in jit.arg_names})
+        signature, constexprs = {}, {}
+        for param in jit.params:
+            value = values[param.name]
+            if param.is_constexpr:
+                signature[param.name], constexprs[param.name] = "constexpr", value
+            else:
+                signature[param.name] = triton_type(value)
+        variant = {"module": fn.__module__, "name": fn.__qualname__, "signature": signature,
+                   "constexprs": constexprs, "num_warps": kwargs.get("num_warps", 4)}  # fmt: skip
+        self.variants.setdefault(json.dumps(variant, sort_keys=True), variant)
+
     def install_triton(self) -> None:
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -116,6 +136,8 @@ class LaunchCounter(TorchDispatchMode):
         counter = self
 
         def run(fn_self: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(fn_self.fn, "__module__", "").startswith("constrained."):
+                counter.remember_variant(fn_self.fn, args, kwargs)
             if counter.recording and not counter.paused:
                 counter.triton[counter.stage] += 1
                 name = getattr(fn_self.fn, "__name__", "?")
@@ -127,6 +149,26 @@ class LaunchCounter(TorchDispatchMode):
                 counter.paused -= 1
 
         InterpretedFunction.run = run
+
+
+TRITON_TYPES = {
+    torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "i1",
+}  # fmt: skip
+
+
+def triton_type(value: Any) -> str:
+    """A launch argument's Triton signature type (tensors are pointers)."""
+    if isinstance(value, torch.Tensor):
+        return "*" + TRITON_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unexpected Triton argument {value!r}")
 
 
 def instrument(runner: V2Runner, counter: LaunchCounter) -> None:
@@ -189,6 +231,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default="")
     parser.add_argument("--only", default="")
+    parser.add_argument("--variants", default="", help="where to write our kernels' variants")
     args = parser.parse_args(argv)
     harness.check_vllm_internals()
     config = harness.make_vllm_config(BATCH, 0, 256, 512)
@@ -214,6 +257,9 @@ def main(argv: list[str]) -> int:
     summary = {k: {"step": v["step"], "ours": v["ours"], "syncs": v["syncs"]}
                for k, v in results.items()}  # fmt: skip
     print("LAUNCHCOUNTS " + json.dumps(summary))
+    if args.variants:
+        with open(args.variants, "w") as f:
+            json.dump(list(counter.variants.values()), f, indent=1)
     return 0
 
 
