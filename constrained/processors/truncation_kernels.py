@@ -13,10 +13,13 @@
      ``2**-24`` of the range of ``d``);
   4. the last pass, one program per row: the bounds.
 
-  Every program first replays what the passes before it found, from their per-chunk
-  results, in a fixed order: no atomics and no host reads, so a row's bounds are the same on
-  every rank and every run. Each level recounts the mass below its range, so a token at a
-  bucket edge is counted once per level, never twice.
+  The masses (Z, each bucket, the mass below a range) are summed in float64: at
+  ``typical_p`` near 1 the boundary lies in the far tail, where a token weighs ~1e-10 of Z,
+  far below float32's rounding of a sum of Z. Every program first replays what the passes
+  before it found, from their per-chunk results, in a fixed order: no atomics and no host
+  reads, so a row's bounds are the same on every rank and every run. Each level recounts
+  the mass below its range, so a token at a bucket edge is counted once per level, never
+  twice.
 
 - ``top_n_sigma_bounds_kernel``: top-n-sigma's bound in three launches of the same shape
   (the torch form is ~16 ops with ``[rows, vocab]`` temporaries).
@@ -60,6 +63,7 @@ def _replay(
     row,
     mass_ptr,
     stats_ptr,
+    totals_ptr,
     hist_ptr,
     below_ptr,
     nsplit,
@@ -80,7 +84,8 @@ def _replay(
     total = tl.sum(tl.load(stats + 2, mask=ok, other=0.0), 0)
     centre = tl.sum(tl.load(stats + 3, mask=ok, other=0.0), 0) / total
     width = tl.maximum(tl.maximum(-centre, centre - bottom), 1e-3)
-    target = tl.load(mass_ptr + row).to(tl.float64) * total.to(tl.float64)
+    total64 = tl.sum(tl.load(totals_ptr + row * nsplit + s, mask=ok, other=0.0), 0)
+    target = tl.load(mass_ptr + row).to(tl.float64) * total64
     lo = centre * 0.0
     bins = tl.arange(0, BINS)
     for level in tl.static_range(DONE):
@@ -104,6 +109,7 @@ def _typical_pass_kernel(
     vocab,
     mass_ptr,
     stats_ptr,
+    totals_ptr,
     hist_ptr,
     below_ptr,
     low_ptr,
@@ -137,26 +143,28 @@ def _typical_pass_kernel(
         tl.store(stats + 1, tl.min(bottom_acc, 0))
     elif PASS == 1:  # the chunk's Z and first moment (shifted by the row's top)
         top = _replay_top(row, stats_ptr, nsplit, SPLIT_P2)
-        total_acc = tl.zeros([BLOCK], tl.float32)
+        total_acc = tl.zeros([BLOCK], tl.float64)  # float64: see the note on precision
         moment_acc = tl.zeros([BLOCK], tl.float32)
         for start in range(first, first + CHUNK, BLOCK):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
             shifted = x - top
             weight = tl.exp(shifted)  # masked tokens weigh 0
-            total_acc += weight
+            total_acc += weight.to(tl.float64)
             moment_acc += weight * tl.maximum(shifted, -UNDERFLOW)
         stats = stats_ptr + (row * nsplit + part) * 4
-        tl.store(stats + 2, tl.sum(total_acc, 0))
+        tl.store(stats + 2, tl.sum(total_acc, 0).to(tl.float32))
+        tl.store(totals_ptr + row * nsplit + part, tl.sum(total_acc, 0))
         tl.store(stats + 3, tl.sum(moment_acc, 0))
     elif PASS < 2 + LEVELS:  # the chunk's histogram at level PASS - 2
-        top, centre, lo, width, _t = _replay(row, mass_ptr, stats_ptr, hist_ptr, below_ptr,
-                                             nsplit, PASS - 2, UNDERFLOW, BINS, LEVELS,
-                                             SPLIT_P2)  # fmt: skip
+        top, centre, lo, width, _t = _replay(
+            row, mass_ptr, stats_ptr, totals_ptr, hist_ptr, below_ptr, nsplit, PASS - 2,
+            UNDERFLOW, BINS, LEVELS, SPLIT_P2,
+        )  # fmt: skip
         step = width / BINS
         bins = tl.arange(0, BINS)
-        hist = tl.zeros([BINS], tl.float32)
-        below_acc = tl.zeros([BLOCK], tl.float32)
+        hist = tl.zeros([BINS], tl.float64)
+        below_acc = tl.zeros([BLOCK], tl.float64)
         for start in range(first, first + CHUNK, BLOCK):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
@@ -164,18 +172,20 @@ def _typical_pass_kernel(
             weight = tl.exp(shifted)
             distance = tl.abs(tl.maximum(shifted, -UNDERFLOW) - centre)
             scaled = (distance - lo) / step
+            weight = weight.to(tl.float64)
             below_acc += tl.where(scaled < 0, weight, 0.0)
             bucket = tl.minimum(scaled, BINS - 1).to(tl.int32)  # floor: scaled >= 0 here
             hit = (bucket[:, None] == bins[None, :]) & (scaled >= 0)[:, None]
             hist += tl.sum(tl.where(hit, weight[:, None], 0.0), 0)
         cell = ((row * LEVELS + PASS - 2) * nsplit + part) * BINS
-        tl.store(hist_ptr + cell + bins, hist.to(tl.float64))
-        below = tl.sum(below_acc, 0).to(tl.float64)
+        tl.store(hist_ptr + cell + bins, hist)
+        below = tl.sum(below_acc, 0)
         tl.store(below_ptr + (row * LEVELS + PASS - 2) * nsplit + part, below)
     else:  # one program per row: the bounds; the last crossing bucket is kept whole
-        top, centre, lo, width, _t = _replay(row, mass_ptr, stats_ptr, hist_ptr, below_ptr,
-                                             nsplit, LEVELS, UNDERFLOW, BINS, LEVELS,
-                                             SPLIT_P2)  # fmt: skip
+        top, centre, lo, width, _t = _replay(
+            row, mass_ptr, stats_ptr, totals_ptr, hist_ptr, below_ptr, nsplit, LEVELS,
+            UNDERFLOW, BINS, LEVELS, SPLIT_P2,
+        )  # fmt: skip
         middle = (top + centre).to(tl.float64)
         radius = (lo + width).to(tl.float64)
         radius = radius + MARGIN * (tl.abs(middle) + radius + 1.0)
@@ -202,13 +212,14 @@ def typical_bounds_kernel(
     assert logits.stride(1) == 1, "typical_bounds_kernel: rows must be contiguous"
     nsplit = triton.cdiv(vocab, CHUNK)
     stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=device)
+    totals = torch.empty(rows, nsplit, dtype=torch.float64, device=device)
     hist = torch.empty(rows, LEVELS, nsplit, BINS, dtype=torch.float64, device=device)
     below = torch.empty(rows, LEVELS, nsplit, dtype=torch.float64, device=device)
     mass = mass.to(torch.float32)
     fixed = {"MARGIN": TYPICAL_MARGIN, "UNDERFLOW": FLOAT32_UNDERFLOW, "BINS": BINS,
              "LEVELS": LEVELS, "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": BLOCK,
              "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
-    args = (logits, logits.stride(0), vocab, mass, stats, hist, below, low, high)
+    args = (logits, logits.stride(0), vocab, mass, stats, totals, hist, below, low, high)
     for p in range(2 + LEVELS):
         _typical_pass_kernel[(rows, nsplit)](*args, PASS=p, **fixed)
     _typical_pass_kernel[(rows, 1)](*args, PASS=2 + LEVELS, **fixed)
