@@ -325,6 +325,8 @@ def validate_at_admission(params: Any) -> None:
         OptionError: the request's first problem, naming the option.
         AdmissionUnavailable: not called from vLLM's admission.
     """
+    if nothing_to_admit(params):
+        return  # no key of ours (nor a near miss): nothing to check, change or remember
     caller = sys._getframe(1)
     try:
         entry = _admissions.get(params)
@@ -462,6 +464,8 @@ def options_for_engine(params: Any, logits_width: int) -> Options | None:
     Raises:
         OptionError: as ``options_from_params`` (admission refused it already).
     """
+    if not keys_need_admission(getattr(params, "extra_args", None)):
+        return None  # no option of ours: nothing to parse or remember
     hit = _engine_parses.get(params)
     if hit is not None and hit[0] == logits_width:
         result = hit[1]
@@ -498,6 +502,65 @@ def near_miss(key: str) -> str | None:
         return normal
     hint = difflib.get_close_matches(normal, names, n=1, cutoff=NEAR_MISS)
     return hint[0] if hint else None
+
+
+# Every extra_args key that sets one of our options (an option's name, or its alias).
+OPTION_KEYS = frozenset(Options.model_fields) | frozenset(VLLM_OCR_ALIASES)
+
+
+def keys_need_admission(extra_args: Mapping[str, Any] | None) -> bool:
+    """Whether ``extra_args`` has a key admission looks at: one of ours, or one
+    ``refuse_unknown_keys`` refuses (a near miss of ours, or any unknown key with
+    ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=refuse``). The other keys are vLLM's own or another
+    plugin's: a request with only those uses none of our options."""
+    if not extra_args:
+        return False
+    current = settings()
+    try:
+        return any(_key_needs_admission(key, current) for key in extra_args)
+    except TypeError:  # not a mapping of hashable keys: the parse says what is wrong
+        return True
+
+
+def nothing_to_admit(params: Any) -> bool:
+    """Whether admission would neither refuse nor change this request (the fast exit of a
+    request that uses none of our options): no key of its ``extra_args`` needs admission
+    (``keys_need_admission``) and, where our routing is on, it has no vLLM structured
+    outputs for ``prepare_request`` to take over. Such a request costs no stack walk, no
+    parse and no memo entry."""
+    if settings().route_structured_outputs and getattr(params, "structured_outputs", None):
+        return False
+    return not keys_need_admission(getattr(params, "extra_args", None))
+
+
+# Each key's verdict under one ``settings()`` object (a reset starts afresh); bounded.
+_key_verdicts: tuple[Any, dict[Any, bool]] = (None, {})
+_KEY_VERDICTS_MAX = 4096
+
+
+def _key_needs_admission(key: Any, current: Any) -> bool:
+    """Whether an ``extra_args`` key is ours or refused by ``refuse_unknown_keys`` under the
+    settings ``current`` (remembered: a request's keys are few, and recur)."""
+    global _key_verdicts
+    owner, verdicts = _key_verdicts
+    if owner is not current:
+        verdicts = {}
+        _key_verdicts = (current, verdicts)
+    verdict = verdicts.get(key)
+    if verdict is None:
+        if len(verdicts) >= _KEY_VERDICTS_MAX:
+            verdicts.clear()
+        verdict = verdicts[key] = _decide_key(key, current)
+    return verdict
+
+
+def _decide_key(key: Any, current: Any) -> bool:
+    if key in OPTION_KEYS:
+        return True
+    allowed = current.allowed_extra_args
+    if allowed is None or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
+        return False
+    return current.refuse_unknown_extra_args or near_miss(str(key)) is not None
 
 
 def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from constrained.admission import nothing_to_admit
 from constrained.processors.base import DualInterfaceProcessor
 from constrained.processors.dry import DryProcessor as _DryProcessor
 from constrained.processors.grammar_mask import GrammarMaskProcessor as _GrammarMaskProcessor
@@ -109,7 +110,10 @@ class EntryPoint:
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Admission, unless the engine's flag names ours (its classes admit the request)."""
+        """Admission, unless the engine's flag names ours (its classes admit the request)
+        or the request has nothing for admission to look at (no frame read then)."""
+        if nothing_to_admit(sampling_params):
+            return
         if not _flag_on_stack_names_ours(sys._getframe(1)):
             super().validate_params(sampling_params)
 

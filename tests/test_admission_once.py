@@ -121,6 +121,48 @@ def test_one_admission_per_request(frontend, counts):
     assert counts == {"validate_params": 27, "walk": 2, "admit": 2}
 
 
+def test_a_request_without_our_options_is_a_fast_exit(frontend, counts, monkeypatch):
+    """No key of ours, nor a near miss: no stack walk, no admission, nothing remembered."""
+    remembered = len(admission._admissions._items)
+    for extra in (None, {}, {"kv_transfer_params": {"a": 1}}, {"other_plugin_scale": 2.0}):
+        admit(frontend, SamplingParams(extra_args=extra, max_tokens=16))
+    assert counts == {"validate_params": 36, "walk": 0, "admit": 0}
+    assert len(admission._admissions._items) == remembered
+    # A near miss of ours is still admitted, and refused.
+    with pytest.raises(VLLMValidationError, match="Did you mean 'min_p'"):
+        admit(frontend, SamplingParams(extra_args={"min-p": 0.1}))
+    assert counts["admit"] == 1
+
+
+def test_what_needs_admission(monkeypatch):
+    from types import SimpleNamespace
+
+    from constrained.settings import reset
+
+    def request(extra_args=None, structured_outputs=None):
+        return SimpleNamespace(extra_args=extra_args, structured_outputs=structured_outputs)
+
+    assert admission.nothing_to_admit(request())
+    assert admission.nothing_to_admit(request({"session_id": "s", "other_plugin_scale": 1}))
+    assert admission.nothing_to_admit(request(structured_outputs=object()))  # vLLM's own
+    assert not admission.nothing_to_admit(request({"min_p": 0.1}))
+    assert not admission.nothing_to_admit(request({"ngram_size": 3}))  # an alias of ours
+    assert not admission.nothing_to_admit(request({"regx": "a"}))  # a near miss
+    monkeypatch.setenv("CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", "1")  # our launcher
+    monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "refuse")
+    monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "other_plugin_scale")
+    reset()
+    try:
+        assert not admission.nothing_to_admit(request(structured_outputs=object()))
+        assert not admission.nothing_to_admit(request({"unknown_key": 1}))
+        assert admission.nothing_to_admit(request({"other_plugin_scale": 1}))
+    finally:
+        monkeypatch.undo()
+        reset()
+    assert not admission.keys_need_admission({"other_plugin_scale": 1, "session_id": "s"})
+    assert admission.keys_need_admission({"other_plugin_scale": 1, "typical_p": 0.9})
+
+
 def test_a_refusal_is_raised_by_every_call(frontend, counts):
     params = SamplingParams(extra_args={"regex": "[0-9]{3}", "regx": "a"})
     errors = each_class(frontend, params)

@@ -20,7 +20,7 @@ from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor as V1LogitsProcessor
 
-from constrained.admission import options_for_engine, validate_at_admission
+from constrained.admission import keys_need_admission, options_for_engine, validate_at_admission
 from constrained.options import OptionError, Options
 from constrained.processors.runners import Rows, layout_for
 from constrained.processors.slots import Column, SlotTable
@@ -109,6 +109,10 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _add(self, slot: int, params: SamplingParams, tokens: Tokens = None) -> bool:
         if not self.samples_here:
             return False
+        if not keys_need_admission(getattr(params, "extra_args", None)):  # none of ours
+            if self.slots.active[slot]:  # (nor any admission routed there): nothing to
+                self.slots.clear(slot)  # parse or write; an inactive row is all fill values
+            return False
         try:
             options = options_for_engine(params, self.logits_width)
         except OptionError as exc:
@@ -124,6 +128,12 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
+            return
+        if self.samples_here and not self.slots.num_active and not _any_options(batch_update):
+            # Nothing of ours in the batch, before or after: every row (removed, moved or
+            # added without options) holds its fill values already. O(1) but for the scan
+            # of the added requests' extra_args.
+            REPORTER.tick()
             return
         if self.samples_here:
             for slot in batch_update.removed:
@@ -150,12 +160,19 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     # ---- both --------------------------------------------------------------------------
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        if not self.slots.num_active:
+            return logits  # no request uses the processor: no tensor op
         rows = self.layout.rows(self.slots.active, logits, ctx)
         return logits if rows is None else self.apply_rows(logits, rows)
 
     def uses_rows(self, ctx: Any) -> bool:
         """Whether any request of this V2 call uses the processor (host only, no sync)."""
-        return bool(self.slots.active[ctx.idx_mapping_np].any())
+        return self.slots.any_active(ctx.idx_mapping_np)
+
+
+def _any_options(batch_update: BatchUpdate) -> bool:
+    """Whether a request added by this V1 batch update may set an option of ours."""
+    return any(keys_need_admission(getattr(a[1], "extra_args", None)) for a in batch_update.added)
 
 
 class Peers:

@@ -328,6 +328,8 @@ class V1MaskFill:
                 self._pending = self._filler.submit(self._fill, rows)
 
     def _ours(self, num_rows: int) -> list[int]:
+        if not self.slots.num_active:
+            return []
         return np.flatnonzero(self.slots.active[:num_rows]).tolist()
 
     def _fill(self, rows: list[int]) -> None:

@@ -49,6 +49,9 @@ class SlotTable:
             name: table.numpy() for name, table in self.host.items() if columns[name].width is None
         }
         self.active = np.zeros(capacity, dtype=bool)
+        # How many slots are active (kept by every edit below): with none, every row holds its
+        # columns' fill values and no payload, so a step may skip the table (O(1) check).
+        self.num_active = 0
         # Host-only per-slot objects (e.g. a request's token history), moved with their rows.
         self.payload: list[Any] = [None] * capacity
         self._uploader = Uploader(self.device)
@@ -73,18 +76,24 @@ class SlotTable:
             self._ensure_width(value.numel())
             self.host[name][slot, : value.numel()] = value
         self.active[slot] = True
+        self.num_active += 1  # cleared just above
 
     def clear(self, slot: int) -> None:
         for name, col in self.columns.items():
             self.host[name][slot] = col.fill
-        self.active[slot] = False
+        if self.active[slot]:
+            self.active[slot] = False
+            self.num_active -= 1
         self.payload[slot] = None
         self._dirty = True
 
     def move(self, src: int, dst: int) -> None:
         for table in self.host.values():
             table[dst] = table[src]
-        self.active[dst] = self.active[src]
+        moving = bool(self.active[src])
+        self.num_active -= int(self.active[dst])  # dst's own request (if any) is overwritten
+        self.active[dst] = moving
+        self.num_active += int(moving)  # the clear of src below takes it off again
         payload = self.payload[src]
         self.clear(src)
         self.payload[dst] = payload
@@ -154,4 +163,6 @@ class SlotTable:
 
     def any_active(self, slots: np.ndarray | None = None) -> bool:
         """Whether any of ``slots`` (default: all) holds an active request; host only."""
+        if not self.num_active:
+            return False
         return bool(self.active.any() if slots is None else self.active[slots].any())
