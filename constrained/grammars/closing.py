@@ -139,6 +139,16 @@ def find_witness(
                 if taken:
                     continue
             matcher.fill(scratch, 0)
+            few = _few_allowed(scratch[0], vocab.width)
+            if few is not None:  # structure (keys, punctuation): the few allowed tokens only
+                costs = orders[0][few] + used[few]
+                token = int(few[costs.argmin()]) if few.size else -1
+                if token < 0 or orders[0][token] >= _NEVER or matcher.try_consume([token]) != 1:
+                    return None
+                path.append(token)
+                if orders[0][token] > _CLOSER:
+                    used[token] += _REUSE_COST
+                continue
             allowed = allowed_ids(scratch[0], vocab.width)
             # Most of the vocabulary allowed: inside a string, where the content order works.
             in_string = np.count_nonzero(allowed) > vocab.width // 4
@@ -163,6 +173,20 @@ def find_witness(
         return path
     finally:
         matcher.rollback(len(path))
+
+
+def _few_allowed(bitmask_row: torch.Tensor, width: int) -> np.ndarray | None:
+    """The allowed token ids, ascending, of a row that allows at most a quarter of the
+    vocabulary by its nonzero words alone (``None`` otherwise: ``find_witness`` then reads
+    the whole row). The same choice as the whole row's ``argmin``, without a pass over it."""
+    words = bitmask_row.numpy().view(np.uint32)
+    nonzero = np.flatnonzero(words)
+    if nonzero.size * 32 > width // 4:
+        return None
+    bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
+    word, bit = np.nonzero(bits)
+    ids = nonzero[word] * 32 + bit
+    return ids[ids < width]
 
 
 def root_witness(
