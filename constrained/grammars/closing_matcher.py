@@ -16,9 +16,12 @@ and narrowed to exactly its safe tokens otherwise:
   by ``grow`` per token until it must be refreshed (the old witness still completing is one
   ``try_consume``; else a walk).
 - **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
-  its tail, the witness's text after ``t``'s, nothing) completing in time, else a walk from
-  after ``t`` (``WALK_TOKENS`` walked tokens a row; a token left unchecked is cleared, so a
-  narrowed row never holds an unsafe token).
+  its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
+  request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
+  time, else a walk from after ``t`` (``WALK_TOKENS`` walked tokens a row; a token left
+  unchecked is cleared, so a narrowed row never holds an unsafe token). A check is one
+  ``completes`` of the matcher (llguidance: about 2 us); a walk costs a mask per token, so
+  a suffix found once is tried again before walking.
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class): its shortest and longest member stand for it; a class where either
@@ -42,7 +45,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,6 +65,7 @@ EXACT_MAX = 64  # rows allowing more tokens are checked per class
 WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs its room), for tokens no
 # known suffix completes after
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
+LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 _PLAIN = np.ones(256, dtype=bool)
 _PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
@@ -90,6 +94,18 @@ def token_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
         return classes, lengths
 
     return vocab._once("closing_classes", build)
+
+
+def class_order(vocab: Vocab) -> np.ndarray:
+    """Every token id ordered by structure class, then byte length, then id (a wide row's
+    allowed tokens keep this order: its classes' shortest and longest members at their
+    ends)."""
+
+    def build() -> np.ndarray:
+        classes, lengths = token_classes(vocab)
+        return np.lexsort((lengths, classes))
+
+    return vocab._once("closing_class_order", build)
 
 
 def _leading_continuations(piece: bytes) -> int:
@@ -152,6 +168,13 @@ class ClosingMatcher(MatcherWrapper):
         self.narrowed = False  # the last committed row was narrowed
         self.warned = False
         self.walk_after = 0  # no walk before this count (the last one found nothing)
+        # The last suffix other than the witness's that completed after a token, and after a
+        # member of a wide row's class (a walk's, mostly: ``",`` needs the next property, a
+        # UTF-8 lead byte its continuation): tried before walking again, in this row and the
+        # next ones, and when the output takes that token (checked by the matcher each time).
+        self.recent: dict[int, list[int]] = {}
+        self.recent_by_class: dict[int, list[int]] = {}
+        self.learnt: list[list[int]] = []  # the last few of them, any token's, newest first
         self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
 
     # -- the budget -----------------------------------------------------------------------
@@ -206,9 +229,12 @@ class ClosingMatcher(MatcherWrapper):
             return
         # Off the witness: it may still complete (text inside a string), or its class's
         # suffix may, or neither; the need rises by at most ``grow`` a token.
-        classes = token_classes(self.vocab)[0]
-        found = by_class.get(int(classes[new[-1]]))
+        key = int(token_classes(self.vocab)[0][new[-1]])
+        found = by_class.get(key)
         tries = [found] if found is not None else list(self.candidates)
+        # what an earlier row's check found after this token or one of its class
+        tries += [s for s in (self.recent.get(new[-1]), self.recent_by_class.get(key)) if s]
+        tries += self.learnt  # (sorted below)
         if len(new) > 1:  # a replayed (resumed) output or accepted drafts: what was known
             tries += self.hints
         if witness is not None:  # and its tails: the new tokens may stand for its first ones
@@ -323,39 +349,43 @@ class ClosingMatcher(MatcherWrapper):
         """The allowed tokens checked to keep a completion within ``left`` (with their
         suffixes), the wide row's classes kept on their ends' word (with the longer end's
         suffix), and the tokens that do not keep one (or were not checked)."""
-        allowed = np.flatnonzero(allowed_ids(bitmask[row], self.vocab.width))
-        allowed = allowed[allowed != self.eos]  # the layers below allow it only if complete
+        keep = allowed_ids(bitmask[row], self.vocab.width)
+        keep[self.eos] = False  # the layers below allow it only if complete
         safe: dict[int, list[int]] = {}
         by_class: dict[int, list[int]] = {}
         unsafe: list[int] = []
         walks = [WALK_TOKENS]
-        if allowed.size <= EXACT_MAX:
-            for token in allowed.tolist():
+        if np.count_nonzero(keep) <= EXACT_MAX:
+            for token in np.flatnonzero(keep).tolist():
                 if self._check(token, witness, left, safe, walks) is None:
                     unsafe.append(token)
             return safe, by_class, unsafe
-        classes, lengths = token_classes(self.vocab)
+        classes = token_classes(self.vocab)[0]
         leads = self._leads(witness)
-        members = classes[allowed]
-        order = np.lexsort((lengths[allowed], members))
-        ordered, keys = allowed[order], members[order]
+        # The allowed tokens by class, shortest first (one pass over the vocabulary's order).
+        ordered = class_order(self.vocab)
+        ordered = ordered[keep[ordered]]
+        keys = classes[ordered]
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         ends = np.r_[starts[1:], keys.size]
-        for begin, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            group = ordered[begin:end].tolist()
-            ends_ok = [self._check(t, witness, left, safe, walks) for t in {group[0], group[-1]}]
+        firsts, lasts, named = ordered[starts], ordered[ends - 1], keys[starts]
+        spans = zip(*(a.tolist() for a in (starts, ends, named, firsts, lasts)), strict=True)
+        for begin, end, key, first, last in spans:
+            ends_ok = [self._check(t, witness, left, safe, walks, key) for t in {first, last}]
             if all(found is not None for found in ends_ok):  # they stand for the class
-                by_class[int(keys[begin])] = max(ends_ok, key=len)  # type: ignore[arg-type]
+                by_class[key] = max(ends_ok, key=len)  # type: ignore[arg-type]
                 continue
             # Its members checked one by one: first those writing the witness's first bytes
             # (its own first token among them), then up to CLASS_CHECKS others.
-            inner = group[1:-1]
+            inner = ordered[begin + 1 : end - 1].tolist()
             ahead = [t for t in inner if t in leads]
             others = [t for t in inner if t not in leads]
             checked = ahead + others[:CLASS_CHECKS]
-            unsafe += [t for t in checked if self._check(t, witness, left, safe, walks) is None]
+            unsafe += [
+                t for t in checked if self._check(t, witness, left, safe, walks, key) is None
+            ]
             unsafe += others[CLASS_CHECKS:]
-            unsafe += [t for t in {group[0], group[-1]} if t not in safe]
+            unsafe += [t for t in {first, last} if t not in safe]
         return safe, by_class, unsafe
 
     def _leads(self, witness: list[int]) -> set[int]:
@@ -404,20 +434,19 @@ class ClosingMatcher(MatcherWrapper):
         left: int,
         safe: dict[int, list[int]],
         walks: list[int],
+        key: int | None = None,
     ) -> list[int] | None:
-        """The suffix that completes after ``token`` in time (recorded in ``safe``)."""
+        """The suffix that completes after ``token`` in time (recorded in ``safe``): the
+        witness or its tail, nothing, the witness's text after the token's, the last suffix
+        found for it or a token of its class (``key``; this row or an earlier one), the last
+        few found for any (``learnt``), else a walk."""
         room = left - 2
-        tries = [witness[1:]] if witness and token == witness[0] else []
-        tries += [witness, witness[1:], []]
-        aligned = self._aligned(token, witness)
-        if aligned is not None:
-            tries.append(aligned)
-        for suffix in tries:
+        if room < 0:
+            return None
+        for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room and completes(self.inner, [token, *suffix]):
-                safe[token] = list(suffix)
-                self.grow = max(self.grow, len(suffix) - len(witness))
-                return safe[token]
-        if walks[0] < room or room < 0:
+                return self._found(token, suffix, witness, safe, key, learnt)
+        if walks[0] < room:
             return None
         walks[0] -= max(room, 1)
         if self.inner.try_consume([token]) != 1:
@@ -426,10 +455,52 @@ class ClosingMatcher(MatcherWrapper):
             found = self._walk(room)
         finally:
             self.inner.rollback(1)
-        if found is not None:
-            safe[token] = found
-            self.grow = max(self.grow, len(found) - len(witness))
-        return found
+        return None if found is None else self._found(token, found, witness, safe, key, True)
+
+    def _tries(
+        self, token: int, witness: list[int], key: int | None
+    ) -> Iterator[tuple[list[int], bool]]:
+        """The known suffixes ``_check`` tries after ``token``, in turn (the later ones are
+        computed only when the earlier ones fail), each with whether to remember it."""
+        if witness and token == witness[0]:
+            yield witness[1:], False
+        yield witness, False
+        yield witness[1:], False
+        yield [], False
+        aligned = self._aligned(token, witness)
+        if aligned is not None:
+            yield aligned, True
+        mine = self.recent.get(token)
+        if mine is not None:
+            yield mine, False
+        known = self.recent_by_class.get(key) if key is not None else None
+        if known is not None and known is not mine:
+            yield known, True
+        for other in sorted(self.learnt, key=len):
+            if other is not mine and other is not known:
+                yield other, True
+
+    def _found(
+        self,
+        token: int,
+        suffix: list[int],
+        witness: list[int],
+        safe: dict[int, list[int]],
+        key: int | None,
+        learnt: bool,
+    ) -> list[int]:
+        """Record ``suffix`` as ``token``'s; one not from the witness (``learnt``) is
+        remembered for the token and its class (``key``): the next rows try it before
+        walking."""
+        safe[token] = list(suffix)
+        self.grow = max(self.grow, len(suffix) - len(witness))
+        if learnt:
+            self.recent[token] = safe[token]
+            if key is not None:
+                self.recent_by_class[key] = safe[token]
+            if suffix not in self.learnt:
+                self.learnt = [safe[token], *self.learnt[: LEARNT - 1]]
+        return safe[token]
 
     def _warn(self, left: int, needed: int | None) -> None:
         """Say once, in the engine's log, that this request may be cut at ``max_tokens``."""
