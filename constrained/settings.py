@@ -23,6 +23,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
+| ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | typical-p / top-n-sigma Triton kernels: 1 on, 0 off |
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Settings:
     entry_points: bool = True
     # The server's vLLM tool parser: which call styles it reads back as we write them.
     tool_call_parser: str | None = None
+    # The truncation samplers' Triton kernels (processors/truncation_kernels.py). None (auto):
+    # wherever Triton compiles (V2, V1 on CUDA), not under Triton's CPU interpreter, where
+    # their histogram passes take about a second per 151,936-wide row; True / False force.
+    truncation_kernels: bool | None = None
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -94,6 +99,7 @@ def _from_environment() -> Settings:
         refuse_unknown_extra_args=_choice("CONSTRAINED_UNKNOWN_EXTRA_ARGS", ("pass", "refuse"))
         == "refuse",
         entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
+        truncation_kernels=_switch("CONSTRAINED_TRUNCATION_KERNELS", None),
     )
 
 
@@ -110,7 +116,7 @@ def user_cache_dir() -> Path:
     return Path(raw) if raw and os.path.isabs(raw) else Path.home() / ".cache"
 
 
-def _switch(name: str, default: bool) -> bool:
+def _switch(name: str, default: bool | None) -> bool | None:
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
         return default

@@ -21,6 +21,7 @@ registration order, after the grammar mask: they never see a token the grammar f
 
 from __future__ import annotations
 
+import os
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,6 +35,7 @@ from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation_kernels import mask_outside_kernel
 from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
+from constrained.settings import settings
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -55,9 +57,13 @@ class TruncationProcessor(DualInterfaceProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        # Decided once: where Triton runs (V2 always, V1 on CUDA) the tensor mask is one
-        # kernel, and a subclass may use its own kernels for the bounds.
+        # Decided once: where Triton compiles (V2 always, V1 on CUDA) the tensor mask is one
+        # kernel, and a subclass may use its own kernels for the bounds (not under Triton's
+        # CPU interpreter unless CONSTRAINED_TRUNCATION_KERNELS=1: settings.py).
         self.on_triton = self.layout.pick(self.layout.device.type == "cuda" and HAS_TRITON, True)
+        forced = settings().truncation_kernels
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's own switch
+        self.on_triton &= (not interpreted) if forced is None else forced
         self.mask = HostRowsMask(self) if self.layout.host_reads_free else TensorMask(self)
         self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
 

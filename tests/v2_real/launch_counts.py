@@ -21,6 +21,7 @@ from tests.v2_real import harness  # first: patches Triton/torch before vLLM is 
 import argparse
 import functools
 import json
+import os
 import random
 import sys
 from collections import Counter
@@ -31,6 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vllm import SamplingParams
 
 from tests.v2_real.harness import Plan, Req, V2Runner
+
+# Count what a GPU launches: the truncation samplers' Triton kernels, which are off by default
+# under the interpreter (settings.py), and compile them for the GPU (cuda_compile.py).
+os.environ["CONSTRAINED_TRUNCATION_KERNELS"] = "1"
 
 VOCAB = 4096
 BATCH = 4

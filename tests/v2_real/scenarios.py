@@ -961,6 +961,13 @@ def truncation_samplers() -> dict:
 
     from constrained.processors.xtc import XtcProcessor
 
+    import os
+
+    from constrained.settings import reset
+
+    # The Triton kernels (off by default under the interpreter; this vocabulary is small).
+    os.environ["CONSTRAINED_TRUNCATION_KERNELS"] = "1"
+    reset()
     rng = random.Random(3)
     torch.manual_seed(3)
     capacity, num_spec, vocab = 10, 2, 2048
