@@ -175,8 +175,12 @@ def _penalties_max_kernel(
         output = packed & output_bits
         output_seen = output > 0
         seen = output_seen | ((packed - output) != 0)
-        scale = tl.where(seen, rep, 1.0)
-        logits *= tl.where(logits > 0, 1.0 / scale, scale)
+        if rep != 1.0:  # a branch, as vLLM's: see below
+            scale = tl.where(seen, rep, 1.0)
+            logits *= tl.where(logits > 0, 1.0 / scale, scale)
+        # The branch keeps the product rounded on its own, as in vLLM's kernel: unbranched,
+        # the compiler contracted it with the frequency term into one FMA on CUDA and our row
+        # differed from vLLM's by 1 ulp (seen on an H200; the interpreter has no FMA).
         logits -= freq * output
         logits -= pres * output_seen
         tl.store(logits_ptr + row * logits_stride + block, logits, mask=mask)

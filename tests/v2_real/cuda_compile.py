@@ -7,13 +7,16 @@ forgives what Triton's compiler refuses (a name bound under one branch only; an 
 an ``int32`` out of two branches): both reached an H200 once and failed there (#28). Here each
 variant goes through Triton's own NVIDIA backend down to a cubin (its bundled ``ptxas``). Run
 in a fresh process, never beside the harness: the interpreter patches ``triton.language``.
-Prints ``CUDACOMPILE`` and the JSON ``{variant: "ok" | error}``.
+The penalty kernel's PTX is also checked to round ``l * (1 / r)`` on its own, as vLLM's
+kernel does (``repetition_factor_in_fma``): an FMA there made our rows 1 ulp off vLLM's on an
+H200. Prints ``CUDACOMPILE`` and the JSON ``{variant: "ok" | error}``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 
 from triton.backends import backends
@@ -29,6 +32,26 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+def repetition_factor_in_fma(ptx: str) -> bool:
+    """Whether the repetition penalty's factor (``1 / r``, a ``div.full.f32``, or ``r``
+    chosen by ``selp``) enters an FMA: then the compiler fused ``l * factor`` with the
+    frequency term and the row is 1 ulp off vLLM's own kernel on CUDA, which rounds the
+    product on its own and fuses only ``- f * count`` (seen on an H200 in #28)."""
+    factor: set[str] = set()
+    for line in ptx.splitlines():
+        m = re.match(r"\s*([\w.]+)\s+(%\w+),\s*(.*);", line)
+        if not m:
+            continue
+        op, dst, rest = m.groups()
+        sources = re.findall(r"%\w+", rest)
+        chosen = op.startswith(("selp.f32", "mov.b32", "mov.f32")) and factor & set(sources)
+        if op.startswith("div.full.f32") or chosen:
+            factor.add(dst)
+        elif op.startswith("fma.rn.f32") and factor & set(sources):
+            return True
+    return False
+
+
 def compile_all(variants: list[dict]) -> dict[str, str]:
     kernels = [getattr(importlib.import_module(v["module"]), v["name"]) for v in variants]
     backends.pop("cpu", None)
@@ -37,8 +60,14 @@ def compile_all(variants: list[dict]) -> dict[str, str]:
         label = f"{variant['name']} {variant['constexprs']} warps={variant['num_warps']}"
         try:
             source = ASTSource(kernel, variant["signature"], constexprs=variant["constexprs"])
-            triton.compile(source, target=TARGET, options={"num_warps": variant["num_warps"]})
+            compiled = triton.compile(
+                source, target=TARGET, options={"num_warps": variant["num_warps"]}
+            )
             results[label] = "ok"
+            penalties = variant["name"] == "_penalties_max_kernel"
+            penalties = penalties and variant["constexprs"].get("HAS_PENALTIES")
+            if penalties and repetition_factor_in_fma(compiled.asm["ptx"]):
+                results[label] = "the repetition factor is fused into an FMA (1 ulp off vLLM)"
         except Exception as exc:  # a compile error is the finding: report it, go on
             results[label] = f"{type(exc).__name__}: {str(exc)[-800:]}"
     return results
