@@ -60,7 +60,7 @@ class TruncationProcessor(DualInterfaceProcessor):
         # Decided once: where Triton compiles (V2 always, V1 on CUDA) the tensor mask is one
         # kernel, and a subclass may use its own kernels for the bounds (not under Triton's
         # CPU interpreter unless CONSTRAINED_TRUNCATION_KERNELS=1: settings.py).
-        self.on_triton = self.layout.pick(self.layout.device.type == "cuda" and HAS_TRITON, True)
+        self.on_triton = HAS_TRITON and self.layout.pick(self.layout.device.type == "cuda", True)
         forced = settings().truncation_kernels
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's own switch
         self.on_triton &= (not interpreted) if forced is None else forced
