@@ -95,6 +95,7 @@ class LaunchCounter(TorchDispatchMode):
         self.paused = 0
         self.recording = False
         self.variants: dict[str, dict] = {}  # our kernels as launched (``--variants``)
+        self.parsed: dict = {}  # kernel function -> its JITFunction, parsed once
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         if self.recording and not self.paused:
@@ -120,7 +121,7 @@ class LaunchCounter(TorchDispatchMode):
         ``tests/v2_real/cuda_compile.py`` to compile for the GPU in a process of its own."""
         from triton.runtime.jit import JITFunction
 
-        jit = JITFunction(fn)
+        jit = self.parsed.get(fn) or self.parsed.setdefault(fn, JITFunction(fn))
         values = dict(zip(jit.arg_names, args, strict=False))
         values.update({k: v for k, v in kwargs.items() if k in jit.arg_names})
         signature, constexprs = {}, {}
