@@ -2,33 +2,25 @@
 one request (temperature 1, a seed) to the tiny qwen3.6 model, whose text is noise, and a
 validated pydantic object back. What each flow does and why some cannot work: docs/clients.md.
 
-Versions tested: the ``test`` extra in pyproject.toml. A library that is not installed skips
-its tests."""
+Versions tested: the ``test`` extra in pyproject.toml (a library of the extra that is not
+installed skips its tests), and tests/instructor-requirements.txt for instructor, which
+cannot be installed beside vLLM: it runs in a virtual environment of its own
+(tests/client_venv.py), made by the session (never skipped), as a subprocess speaking HTTP
+to the same server."""
 
 from __future__ import annotations
 
-import enum
+import json
+import subprocess
+from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
 
-NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-PROMPT = "Describe a pet."
+from tests.client_models import NO_THINKING, PROMPT, Pet
+from tests.client_venv import client_env, client_venv, pins
 
-
-class Color(str, enum.Enum):
-    red = "red"
-    green = "green"
-    blue = "blue"
-
-
-class Pet(BaseModel):
-    """A pet: an ``Enum`` field makes pydantic write a ``$ref`` into ``$defs``."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=12)
-    age: int = Field(ge=0, le=30)
-    color: Color
+ROOT = Path(__file__).resolve().parent.parent
+INSTRUCTOR_REQUIREMENTS = Path(__file__).with_name("instructor-requirements.txt")
 
 
 @pytest.fixture(scope="module")
@@ -110,20 +102,29 @@ def test_openai_agents_output_type(base_url):
     valid(Runner.run_sync(agent, PROMPT).final_output)
 
 
-# --- instructor (not in the test extra: see docs/clients.md; skipped when absent) ---------
+# --- instructor (its own venv: tests/instructor-requirements.txt) ------------------------
 
 
+@pytest.fixture(scope="module")
+def instructor_python(request, tmp_path_factory) -> Path:
+    """The python of instructor's venv, in pytest's cache (made on the first run, about
+    15-40 s; reused while the pins are the same). Never skipped: a venv that cannot be made
+    is an error."""
+    cache = getattr(request.config, "cache", None)
+    root = cache.mkdir("instructor-venv") if cache else tmp_path_factory.mktemp("instructor")
+    return client_venv(Path(root), INSTRUCTOR_REQUIREMENTS)
+
+
+# JSON and MD_JSON are not here: instructor sends no schema to enforce (docs/clients.md).
 @pytest.mark.parametrize(("mode", "seed"), [("TOOLS", 6), ("TOOLS_STRICT", 7), ("JSON_SCHEMA", 8)])
-def test_instructor_from_openai(base_url, mode, seed):
-    instructor = pytest.importorskip("instructor")
-    import openai
-
-    client = instructor.from_openai(
-        openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0),
-        mode=getattr(instructor.Mode, mode),
+def test_instructor_from_openai(base_url, instructor_python, mode, seed):
+    out = subprocess.run(
+        [str(instructor_python), "-m", "tests.instructor_client", base_url, mode, str(seed)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=client_env(),
     )  # fmt: skip
-    pet = client.chat.completions.create(
-        model="tiny", response_model=Pet, messages=[{"role": "user", "content": PROMPT}],
-        max_retries=1, temperature=1.0, seed=seed, max_tokens=200, extra_body=NO_THINKING,
-    )  # fmt: skip
-    valid(pet)
+    assert out.returncode == 0, out.stderr[-4000:]
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT ") :])
+    pinned = pins(INSTRUCTOR_REQUIREMENTS)
+    assert result["versions"] == {name: pinned[name] for name in result["versions"]}
+    Pet.model_validate(result["pet"])
