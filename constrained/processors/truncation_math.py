@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 NEG_INF = float("-inf")
@@ -114,6 +115,8 @@ def top_n_sigma_bounds(
 TYPICAL_MARGIN = 8 * 2.0**-23
 # exp(x) is 0 in float32 below this: tokens further below the top logit carry no mass.
 FLOAT32_UNDERFLOW = 104.0
+# ... and exp(-110) is under half the smallest float32 subnormal: 0 under any rounding.
+EXP_IS_ZERO = 110.0
 
 
 def typical_bounds(
@@ -302,31 +305,59 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def typical_bounds_on_host(
     logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, bins: int = 4096
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``typical_bounds`` for a CPU block, exact: one histogram level, then the crossing
-    bucket's few tokens sorted, every row of the block at once (no per-row loop). Ties at the
-    boundary stay."""
-    top, weight, centre, width, distance, target = _typicality(logits, mass, scratch)
-    scale = bins / width
-    scaled = torch.mul(distance, scale, out=scratch.like("scaled", logits)).clamp_(max=bins - 1)
-    bucket = scratch.like("bucket", logits, torch.int64).copy_(scaled)
-    hist = weight.new_zeros(logits.shape[0], bins).scatter_add_(1, bucket, weight)
-    cumulative = hist.double().cumsum_(-1)
-    crossing = (cumulative <= target).sum(-1, keepdim=True).clamp_(max=bins - 1)
+    """``typical_bounds`` for a CPU block (a few rows), exact: one histogram level, then the
+    crossing bucket's few tokens sorted, every row of the block at once (no per-row loop).
+    Ties at the boundary stay.
+
+    The same math as ``typical_bounds`` in fewer, cheaper passes over the block (on CPU each
+    pass costs about as much as the arithmetic): ``-inf`` clamped before the ``exp`` (so no
+    ``0 * -inf``), the expected logit as one BLAS dot per row, the bucket of every row's
+    token in one flat int32 index (``bins + 1`` buckets a row: ``d == width`` may round to
+    the last), and ``d`` recomputed only for the crossing bucket's tokens. NumPy runs the
+    ``exp``, the bucket compare and the ``nonzero``: 2x, 10x and 2x faster than torch's
+    on one core of this project's CPU machine (shared memory, no copies).
+    """
+    rows_, width_ = logits.shape
+    top = logits.amax(-1, keepdim=True)
+    bottom = logits.amin(-1, keepdim=True)  # two passes: aminmax is 30x slower on CPU here
+    shifted = torch.sub(logits, top, out=scratch.like("shifted", logits))
+    shifted.clamp_(min=-EXP_IS_ZERO)  # exp is 0 there already; -inf would make nan
+    weight = scratch.like("weight", logits)
+    np.exp(shifted.numpy(), out=weight.numpy())
+    total = weight.sum(-1, keepdim=True)
+    dots = [torch.dot(weight[row], shifted[row]) for row in range(rows_)]
+    centre = torch.stack(dots).view(-1, 1) / total  # c - top, <= 0
+    lowest = (bottom - top).clamp_(min=-EXP_IS_ZERO)
+    width = torch.maximum(-centre, centre - lowest).clamp_(min=1e-3)
+    target = mass.unsqueeze(1).double() * total.double()
+    # bucket = floor(d * bins / width) + row * (bins + 1): one flat index for the block
+    # (the row offsets are exact in float32, and floor stays monotone in d)
+    scaled = torch.sub(shifted, centre, out=scratch.like("scaled", logits)).abs_()
+    offsets = torch.arange(rows_, dtype=torch.int32).unsqueeze(1) * (bins + 1)
+    scaled.mul_(bins / width).add_(offsets)
+    bucket = scratch.like("bucket", logits, torch.int32).copy_(scaled)  # floor: >= 0
+    index = scratch.like("index", logits, torch.int64).copy_(bucket)  # scatter's index type
+    hist = weight.new_zeros(rows_ * (bins + 1))
+    hist.scatter_add_(0, index.view(-1), weight.view(-1))  # 1-D: 2x the 2-D scatter here
+    cumulative = hist.view(rows_, bins + 1).double().cumsum_(-1)
+    crossing = (cumulative <= target).sum(-1, keepdim=True).clamp_(max=bins)
     below = (cumulative.gather(1, (crossing - 1).clamp_(min=0)) * (crossing > 0)).squeeze(1)
     # The crossing bucket's few tokens, all rows at once: sorted by row, then by d; each
     # row's running mass from ``below``; the first token where it passes the target.
-    in_bucket = torch.eq(bucket, crossing, out=scratch.like("in_bucket", logits, torch.bool))
-    rows, cols = in_bucket.nonzero(as_tuple=True)
-    d = distance[rows, cols]
+    in_bucket = scratch.like("in_bucket", logits, torch.bool)
+    np.equal(bucket.numpy(), (crossing + offsets).int().numpy(), out=in_bucket.numpy())
+    flat = torch.from_numpy(np.flatnonzero(in_bucket.numpy()))
+    rows = flat // width_
+    d = (shifted.view(-1)[flat] - centre.squeeze(1)[rows]).abs_()  # as ``scaled`` had it
     order = d.argsort(stable=True)
     order = order[rows[order].argsort(stable=True)]
     rows, d = rows[order], d[order]
-    w = weight[rows, cols[order]].double()
-    counts = torch.bincount(rows, minlength=logits.shape[0])
+    w = weight.view(-1)[flat[order]].double()
+    counts = torch.bincount(rows, minlength=rows_)
     starts = counts.cumsum(0) - counts
     before = torch.cat([w.new_zeros(1), w.cumsum(0)])  # mass of the members before each
     running = below[rows] + before[1:] - before[starts[rows]]
-    passed = torch.zeros(logits.shape[0], dtype=torch.int64).index_add_(
+    passed = torch.zeros(rows_, dtype=torch.int64).index_add_(
         0, rows, (running <= target.squeeze(1)[rows]).long()
     )
     first = starts + torch.minimum(passed, (counts - 1).clamp(min=0))
@@ -346,8 +377,10 @@ def _typicality(logits: torch.Tensor, mass: torch.Tensor, work: Scratch) -> tupl
     weight = torch.exp(shifted, out=work.like("weight", logits))  # masked tokens weigh 0
     shifted.clamp_(min=-FLOAT32_UNDERFLOW)  # so 0 * shifted is 0, never nan
     total = weight.sum(-1, keepdim=True)
-    # c - top, <= 0; a batched matrix product (BLAS): 3x faster than vecdot on CPU
-    centre = torch.bmm(weight.unsqueeze(1), shifted.unsqueeze(2)).view(-1, 1) / total
+    # c - top, <= 0. A product into a work buffer, then a row sum: on CPU ~15x faster than
+    # ``bmm`` of [rows, 1, vocab] by [rows, vocab, 1] (1.1 ms for 4 rows of 151,936 here)
+    product = torch.mul(weight, shifted, out=work.like("product", logits))
+    centre = product.sum(-1, keepdim=True) / total
     width = torch.maximum(-centre, centre - shifted.amin(-1, keepdim=True)).clamp_(min=1e-3)
     distance = shifted.sub_(centre).abs_()
     target = mass.unsqueeze(1).double() * total.double()
