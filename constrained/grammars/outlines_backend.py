@@ -126,6 +126,7 @@ class OutlinesMatcher(Matcher):
         self.eos = grammar.vocab.eos_token_id
         # Rollback reaches back as far as a witness walk goes (grammars/closing.py).
         self.inner = Guide(grammar.index, max_rollback=MAX_ROLLBACK)
+        self.index = grammar.index  # the guide's own automaton (``completes`` walks it)
         self.error: str | None = None
         self.finished = False
 
@@ -157,6 +158,28 @@ class OutlinesMatcher(Matcher):
                 break
             count += 1
         return count
+
+    def completes(self, tokens: Sequence[int]) -> bool:
+        """Exactly ``try_consume`` + ``accepts_end`` + ``rollback`` without moving the guide:
+        its state walked through the index it advances by (``Guide.advance`` is the index's
+        ``get_next_state``, ``is_finished`` its ``is_final_state`` of the state; the index
+        has no transition on end-of-sequence, which ``try_consume`` never takes either),
+        about 1.8x cheaper (``benchmarks.completes_cost``): no exception on a refused token,
+        no state history, no rollback."""
+        if self.error is not None or self.finished:
+            return not tokens and self.accepts_end()
+        step, state = self.index.get_next_state, self.inner.get_state()
+        eos = self.eos
+        try:
+            for token in tokens:
+                if token == eos:
+                    return False
+                state = step(state, token)
+                if state is None:
+                    return False
+        except (OverflowError, TypeError):  # not a token id
+            return False
+        return self.index.is_final_state(state)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.error is not None or self.finished:
