@@ -104,7 +104,8 @@ class TruncationProcessor(DualInterfaceProcessor):
     ) -> Bounds:
         """Per-row ``(low, high)`` for ``logits``' rows, from each row's column values.
 
-        ``on_host``: the logits are a CPU block whose values may be read on the host."""
+        ``on_host``: the logits are a CPU block whose values may be read on the host (often
+        a view of the batch's rows: never written here)."""
 
     def row_params(self, rows: Rows, on_host: bool) -> dict[str, torch.Tensor]:
         """Per-row device values of every column for this call's rows (``on_host``: for
@@ -145,9 +146,14 @@ class HostRowsMask:
         for start in range(0, selected.size, step):
             block = selected[start : start + step].tolist()
             index = torch.tensor(block, dtype=torch.long)
-            low, high = processor.bounds(
-                logits.index_select(0, index), {k: v[index] for k, v in params.items()}, True
+            first, last = block[0], block[-1]
+            # consecutive rows (the usual case): a view, not a copy; bounds never write it
+            rows_block = (
+                logits[first : last + 1]
+                if last - first + 1 == len(block)
+                else logits.index_select(0, index)
             )
+            low, high = processor.bounds(rows_block, {k: v[index] for k, v in params.items()}, True)
             mask_outside_rows(
                 logits,
                 block,
