@@ -103,6 +103,20 @@ class SyncExecutor:
         return future
 
 
+def source_digest() -> dict[str, str]:
+    """Which ``constrained`` ran: its directory and the sha1 of its ``*.py`` files (a run from
+    ``git archive COMMIT`` has no git commit of its own; compare with that commit's files)."""
+    import hashlib
+
+    import constrained
+
+    root = pathlib.Path(constrained.__file__).parent
+    digest = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return {"path": str(root), "sha1_of_py_files": digest.hexdigest()}
+
+
 def vllm_config(
     model_dir: pathlib.Path, backend: str, max_num_seqs: int, compact: bool = False
 ) -> Any:
@@ -426,7 +440,7 @@ def run_cell(
         logits = [torch.randn(batch, width, generator=gen) * 2 for _ in range(min(args.steps, 4))]
         order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
         if profile is not None:
-            order = ("vllm", "vllm_compact", profile) if profile in OURS_CONFIGS else (profile,)
+            order = (profile,)
         masked: dict[str, list[Any]] = {}
         for config in order:
             prefixes = [paths.paths[p][:o] for p, o in zip(rows, offsets, strict=True)]
@@ -628,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "vllm_structured_step",
         "command": "python -m benchmarks.vllm_structured_step " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
+        "source": source_digest(),
         "settings": {
             "batches": args.batches,
             "backends": {b: OURS_FOR[b] for b in args.backends},
