@@ -199,8 +199,12 @@ def show_samplers(llm: Any, sampling_params: Any, tokenizer: Any) -> None:
         ("greedy, no options: this random model loops", None),
         ("greedy + no_repeat_ngram_size 2: no bigram twice",
          Options(no_repeat_ngram_size=2)),
-        ("greedy + DRY (multiplier 5, base 2, allowed length 2): repeats are penalized",
-         Options(dry_multiplier=5.0, dry_base=2.0, dry_allowed_length=2)),
+        # This loop's token, '):', holds ':', one of DRY's default sequence breakers, which
+        # DRY never penalizes (as in llama.cpp): with none, the loop itself is broken.
+        ("greedy + DRY (multiplier 5, base 2, allowed length 2, no sequence breakers): "
+         "no run repeats past its allowed length",
+         Options(dry_multiplier=5.0, dry_base=2.0, dry_allowed_length=2,
+                 dry_sequence_breakers=[])),
     ]  # fmt: skip
     for label, options in repeat_runs:
         extra = options.to_extra_args() if options else None
