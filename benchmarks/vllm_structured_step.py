@@ -448,23 +448,19 @@ def run_cell(
             side = sides[config]
             side.start(schemas, prefixes, width)
             masked[config] = []
-            profiler = None
-            if profile == config:
-                import cProfile
-
-                profiler = cProfile.Profile()
-                profiler.enable()
+            profiler = args.profiler if profile == config else None
             for t in range(args.steps):
                 tokens = [paths.paths[p][o + t] for p, o in zip(rows, offsets, strict=True)]
                 out = logits[t % len(logits)].clone()
+                if profiler is not None:
+                    profiler.enable()
                 times[config].append(side.step(tokens, out))
+                if profiler is not None:
+                    profiler.disable()
                 if profiler is None and t + 1 < args.steps:
                     nxt = [paths.paths[p][o + t + 1] for p, o in zip(rows, offsets, strict=True)]
                     path_misses[config] += int(torch.isinf(out[range(batch), nxt]).sum())
                 masked[config].append(out if t < 2 else None)  # two steps compared
-            if profiler is not None:
-                profiler.disable()
-                args.profiles.append((f"{config} B={batch}", profiler))
         for a, b in pairs:
             if a in masked and b in masked:
                 for t in range(min(2, args.steps)):
@@ -501,6 +497,22 @@ def run_cell(
             f"{a}~{b}": n / compared for (a, b), n in same_rows.items() if times[a] and times[b]
         },
     }
+
+
+def print_profile(profiler: Any, steps: int, batch: int, top: int = 25) -> None:
+    """The functions with the most time, in ms per step and us per row and step."""
+    import pstats
+
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_, calls, own, cumulative, _) in stats.items():
+        where = f"{pathlib.Path(file).name}:{line}({func})" if line else func
+        rows.append((where, calls / steps, 1000 * own / steps, 1000 * cumulative / steps))
+    for key, title in ((3, "cumulative"), (2, "own time")):
+        print(f"-- by {title}: calls/step, own ms/step, cumulative ms/step, cumulative us/row")
+        for where, calls, own, cumulative in sorted(rows, key=lambda r: -r[key])[:top]:
+            per_row = 1000 * cumulative / batch
+            print(f"{calls:9.1f} {own:9.3f} {cumulative:9.3f} {per_row:9.1f}  {where}")
 
 
 def plot(record: dict, path: pathlib.Path) -> None:
@@ -585,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     capacity = max(max(args.batches), args.profile_batch if args.profile else 1)
     configs = {b: vllm_config(model_dir, b, capacity) for b in args.backends}
     checkers = {b: VllmSide(configs[b]) for b in args.backends}  # also vLLM's timed side
-    args.profiles, args.skipped = [], {}
+    args.profiler, args.skipped = None, {}
     sets = {}
     if "3field" in args.sets:
         sets["3field"] = three_field_paths(vocab)
@@ -605,18 +617,22 @@ def main(argv: list[str] | None = None) -> int:
             "ours_closing": OursSide(configs[backend], ours, True, args.max_tokens),
         }
         if args.profile:
-            import pstats
+            import cProfile
 
             for config in OURS_CONFIGS:
                 sides[config].proc.fill._filler = SyncExecutor()  # inline: seen by cProfile
             for name, paths in sets.items():
                 run_cell(args, paths, args.profile_batch, sides, width, 1)  # warm-up
-                run_cell(args, paths, args.profile_batch, sides, width, args.rounds, args.profile)
-                for label, prof in args.profiles:
-                    print(f"== {backend} {name} {label}")
-                    pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
-                    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
-                args.profiles = []
+                args.profiler = cProfile.Profile()
+                cell = run_cell(
+                    args, paths, args.profile_batch, sides, width, args.rounds, args.profile
+                )
+                result = cell["results"][args.profile]
+                print(
+                    f"== {backend} {name} {args.profile} B={args.profile_batch}: "
+                    f"{result['median_ms']:.3f} ms per step (median, under cProfile)"
+                )
+                print_profile(args.profiler, result["steps"], args.profile_batch)
             continue
         for name, paths in sets.items():
             run_cell(args, paths, min(args.batches), sides, width, 1)  # warm-up: compiles
