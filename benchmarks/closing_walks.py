@@ -3,9 +3,10 @@ small budgets, and no distortion where the budget leaves room.
 
 The model is replaced by uniform choices among the tokens a row allows (end-of-sequence
 included where allowed). For each MaskBench schema drawn (``--schemas N``, seed ``--seed``;
-``0``: every file) that compiles with ``auto``, as the engine compiles it (closing on:
-``tests.closing_walk.closing_stack``, the stack ``stack.build_stack`` builds for a request
-that does not think first; closing off: the compiled grammar's own matcher):
+``0``: every file; ``--only``: these files) that compiles with ``auto`` (or ``--backend``),
+as the engine compiles it (closing on: ``tests.closing_walk.closing_stack``, the stack
+``stack.build_stack`` builds for a request that does not think first; closing off: the
+compiled grammar's own matcher):
 
 1. **Closing off**: ``--walks`` walks of at most ``--cap`` tokens. ``longest``: the most
    tokens (end-of-sequence included) of a walk that ended by end-of-sequence.
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", type=int, default=3)
     parser.add_argument("--verify-max", type=int, default=24)
     parser.add_argument("--only", type=str_list, default=None, help="these files, no draw")
+    parser.add_argument("--backend", default="auto", help="auto, or one backend for all")
+    parser.add_argument("--max-bytes", type=int, default=0, help="skip larger files (0: none)")
     parser.add_argument("--schema-seconds", type=float, default=60.0)
     parser.add_argument("--out", type=pathlib.Path,
                         default=ROOT / "benchmarks" / "results" / "closing_walks")  # fmt: skip
@@ -214,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     runs, refused, failures = [], {}, []
     for i, name in enumerate(names):
+        if args.max_bytes and (args.maskbench / name).stat().st_size > args.max_bytes:
+            refused[name] = f"skipped: over --max-bytes {args.max_bytes}"
+            continue
         schema = load_schema(args.maskbench, name)
+        spec = GrammarSpec("json_schema", json.dumps(schema), backend=args.backend)
         try:
-            compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab)
+            compiled = compile_now(spec, vocab)
         except Exception as exc:  # refused (a keyword no backend enforces), or unreadable
             refused[name] = f"{type(exc).__name__}: {exc}"[:200]
             continue
