@@ -474,6 +474,7 @@ def run_cell(
         summary[config] = {
             "steps": len(steps),
             "median_ms": statistics.median(parts["total"]),
+            "mean_ms": statistics.fmean(parts["total"]),
             "p90_ms": percentile(parts["total"], 90),
             "min_ms": min(parts["total"]),
             "per_row_us": 1000 * statistics.median(parts["total"]) / batch,
