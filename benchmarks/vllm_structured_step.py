@@ -37,8 +37,10 @@ configuration of the round; untimed set-up: add, compile or load, advance to the
 then ``--steps`` timed steps: each row takes its path's next token, fresh logits (the same
 for every configuration), one step. Checked after every step (untimed): each row's next path
 token survives the mask; per pair of configurations, the share of rows (first two steps of
-each round) whose masked (``-inf``) set is the same. Reported: median ms per step over all
-rounds' steps, ratios ours / vLLM per batch size.
+each round) whose masked (``-inf``) set is the same. Reported: median and mean ms per step
+over all rounds' steps, and the host part alone (``host_fill``; vLLM: ``accept_tokens`` +
+``get_grammar_bitmask``; ours: ``update_state`` + the wait for the fill in ``apply``: what
+stays on the host when the apply is a GPU kernel); ratios ours / vLLM per batch size.
 
     python -m benchmarks.vllm_structured_step                     # 1, 8, 64 x both sets
     python -m benchmarks.vllm_structured_step --batches 8 --rounds 1 --steps 4 \\
@@ -225,6 +227,7 @@ class VllmSide:
             "accept": accepted - start,
             "fill": filled - accepted,
             "apply": applied - filled,
+            "host_fill": filled - start,  # what stays on the host when the apply is a GPU kernel
         }
 
 
@@ -241,6 +244,19 @@ class OursSide:
         self.closing = closing
         self.max_tokens = max_tokens
         self.outputs: list[list[int]] = []
+        # Timed apart (a wrapper on the instance, the code unchanged): the wait for the fill
+        # (and any row it left), before the bitmask is applied.
+        self.waited = 0.0
+        rows_to_mask = self.proc.fill.rows_to_mask
+
+        def timed_rows_to_mask(*a: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return rows_to_mask(*a)
+            finally:
+                self.waited += time.perf_counter() - start
+
+        self.proc.fill.rows_to_mask = timed_rows_to_mask
 
     def params(self, schema: Any) -> Any:
         from vllm import SamplingParams
@@ -269,6 +285,7 @@ class OursSide:
     def step(self, tokens: list[int], logits: Any) -> dict[str, float]:
         for out, token in zip(self.outputs, tokens, strict=True):
             out.append(token)  # the engine's append (V1's live output lists)
+        self.waited = 0.0
         start = time.perf_counter()
         self.proc.update_state(None)
         updated = time.perf_counter()
@@ -277,7 +294,10 @@ class OursSide:
         return {
             "total": applied - start,
             "update_state": updated - start,
-            "apply": applied - updated,
+            "fill_wait": self.waited,
+            "apply_bitmask": applied - updated - self.waited,
+            # advance + fill (+ the thread handoff): what stays on the host on a GPU
+            "host_fill": updated - start + self.waited,
         }
 
 
@@ -489,6 +509,23 @@ def run_cell(
         for v in VLLM_CONFIGS
         if c in summary and v in summary
     }
+    ratios.update(
+        {
+            f"{c}/{v} mean": summary[c]["mean_ms"] / summary[v]["mean_ms"]
+            for c in OURS_CONFIGS
+            for v in VLLM_CONFIGS
+            if c in summary and v in summary
+        }
+    )
+    fill = {c: r["components_median_ms"]["host_fill"] for c, r in summary.items()}
+    ratios.update(
+        {
+            f"{c}/{v} host_fill": fill[c] / fill[v]
+            for c in OURS_CONFIGS
+            for v in VLLM_CONFIGS
+            if c in fill and v in fill
+        }
+    )
     return {
         "batch": batch,
         "results": summary,
