@@ -18,10 +18,18 @@ import torch
 from vllm import SamplingParams
 
 from constrained.grammars import GrammarSpec, compile_now
-from constrained.grammars.closing import completes
+from constrained.grammars.closing import MAX_WITNESS_TOKENS, completes
 from constrained.grammars.marker import Marker, marker_for, text_pieces
+from constrained.grammars.matcher import Matcher, fill_only, words_for
+from constrained.grammars.stack import FailedMatcher, build_stack
 from constrained.processors.grammar_mask import GrammarMaskProcessor
-from constrained.processors.reasoning_gate import ReasoningGate, prompt_closes_thinking
+from constrained.processors.reasoning_gate import (
+    GatedMatcher,
+    ReasoningGate,
+    Thinking,
+    answer_room,
+    prompt_closes_thinking,
+)
 from tests.simulate import Request, V1Batch
 from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
 
@@ -55,6 +63,190 @@ def test_tokens_completing_the_marker_with_more_text_are_banned_while_thinking()
     gate = ReasoningGate(TOY)
     assert gate.feed([7, 2]) is None and gate.spills() == []
     assert gate.feed([3]) is None and gate.spills() == [5]
+
+
+# -- the gate as the top layer of a stack (grammars/matcher.py's contract) ----------------
+
+EOS = 8  # the toy vocabulary's end-of-sequence (ids 0-7 above, 8 here)
+
+
+class Toy(Matcher):
+    """A toy answer: exactly ``target`` (``{`` then a space), then end-of-sequence."""
+
+    def __init__(self, target: tuple[int, ...] = (6, 0)) -> None:
+        self.target, self.taken = target, []
+
+    def consume(self, tokens):
+        taken = self.try_consume(tokens)
+        if taken < len(tokens):
+            self.error = "refused"
+        return self.error is None
+
+    def try_consume(self, tokens):
+        taken = 0
+        for token in tokens:
+            if self.target[len(self.taken) : len(self.taken) + 1] != (token,):
+                break
+            self.taken.append(token)
+            taken += 1
+        return taken
+
+    def rollback(self, num_tokens):
+        del self.taken[len(self.taken) - num_tokens :]
+
+    def fill(self, bitmask, row):
+        rest = self.target[len(self.taken) :]
+        fill_only(bitmask, row, [rest[0]] if rest else [EOS])
+
+    def accepts_end(self):
+        return len(self.taken) == len(self.target)
+
+
+class ToyAnswer:
+    """What ``stack.build_stack`` hands the gate: the answer's layers, built on demand."""
+
+    def __init__(self, need: int | None = 2) -> None:
+        self.built, self.needs, self.spent, self._need = 0, 0, None, need
+        self.toy = Toy()
+
+    def matcher(self):
+        self.built = 1
+        return self.toy
+
+    def need(self):
+        self.needs += 1
+        return self._need
+
+    def start(self, spent):
+        self.spent = spent
+
+
+def row_of(stack) -> set[int]:
+    bitmask = torch.zeros(1, words_for(len(PIECES) + 1), dtype=torch.int32)
+    stack.fill(bitmask, 0)
+    words = bitmask[0].numpy().view("uint32")
+    return {t for t in range(len(PIECES) + 1) if words[t // 32] >> (t % 32) & 1}
+
+
+def test_gate_is_the_stacks_top_layer():
+    """Thinking rows are free (no mask: every token but the bans), the layers below not even
+    built; forced rows are the gate's own (it is the row's ``bottom``); after the marker the
+    answer's stack takes the tokens after it and writes the rows; look-aheads roll back."""
+    answer = ToyAnswer()
+    stack = GatedMatcher(answer, Thinking(TOY, force_after=5, stops=(EOS, 1)))
+    assert stack.reads_prompt() == len(TOY.ids) + 4
+    stack.read_prompt([7, 0])  # the prompt did not close thinking
+    assert stack.reads_prompt() == 0
+    assert stack.consume([7, 0]) and stack.free() and stack.bans() == [EOS, 1]
+    assert stack.bottom is stack and not stack.accepts_end() and stack.error is None
+    assert row_of(stack) == set(range(9)) - {EOS, 1}  # what ``fill`` would write
+    assert stack.stays_free()  # the next row too, very likely (2 + 1 < 5)
+    assert answer.built == 0, "a thinking row built the answer's layers"
+    assert stack.consume([2, 3]) and stack.free()
+    assert stack.bans() == [EOS, 1, 5]  # ">\n\n" would carry text past "</think"
+    # A look-ahead, then the committed token; forced from 5 tokens on.
+    assert stack.try_consume([7]) == 1 and not stack.free() and stack.forced() == [2, 3, 4]
+    stack.rollback(1)
+    assert stack.free() and stack.gate.seen == 4 and stack.gate.tail.endswith(b"think")
+    assert stack.consume([7]) and not stack.free() and not stack.stays_free()
+    assert stack.forced() == [2, 3, 4] and row_of(stack) == {2} and stack.bottom is stack
+    assert stack.forced_bytes() == b"</think>"
+    # Drafts through the marker: the answer's stack takes what follows it, then all undone.
+    before = stack.gate.state()
+    assert stack.try_consume([2, 3, 4, 6, 7]) == 4  # "{" taken, "so" refused by the answer
+    assert answer.built and answer.spent == 8 and answer.toy.taken == [6]
+    assert not stack.free() and stack.bottom is answer.toy and row_of(stack) == {0}
+    stack.rollback(4)
+    assert stack.gate.state() == before and answer.toy.taken == [] and not stack.gate.open
+    assert stack.forced() == [2, 3, 4]
+    # Committed: open; the answer's rows, then end-of-sequence once complete.
+    assert stack.consume([2, 3, 4, 6]) and stack.gate.open and answer.spent == 8
+    assert not stack.free() and stack.bans() == [] and row_of(stack) == {0}
+    assert stack.consume([0]) and stack.accepts_end() and row_of(stack) == {EOS}
+    stack.rollback(3)  # committed tokens too, across the marker
+    assert not stack.gate.open and answer.toy.taken == [] and stack.forced() == [4]
+
+
+def test_gate_places_the_forced_marker_for_the_budget_on_committed_rows():
+    """Near ``max_tokens`` a committed thinking row walks once for the answer's need and
+    forces the marker early enough to leave the answer its room; look-aheads never walk."""
+    marker_room = len(TOY.ids)
+    limit = marker_room + answer_room(MAX_WITNESS_TOKENS) + 5  # the walk 5 tokens in
+    answer = ToyAnswer(need=2)
+    stack = GatedMatcher(answer, Thinking(TOY, None, (EOS,)), limit)
+    stack.read_prompt([])
+    assert stack.consume([7] * 4) and stack.free() and answer.needs == 0
+    assert stack.stays_free() is False  # one more token reaches the walk: the fill thread
+    assert stack.try_consume([7]) == 1 and stack.free() and answer.needs == 0
+    stack.rollback(1)
+    assert stack.consume([7]) and answer.needs == 0  # counted when its row is asked for
+    latest = limit - marker_room - answer_room(2)
+    assert stack.gate.seen < latest and stack.free() and answer.needs == 1
+    assert stack.gate.force_after == latest
+    stack.consume([0] * (latest - stack.gate.seen))
+    assert not stack.free() and stack.forced() == [2, 3, 4] and answer.needs == 1
+
+
+def test_gate_reads_the_prompt_that_closed_thinking():
+    answer = ToyAnswer()
+    stack = GatedMatcher(answer, Thinking(TOY, 0, (EOS,)))
+    stack.read_prompt([7, 2, 3, 5, 0])
+    assert stack.gate.open and answer.spent == 0 and not stack.free()
+    assert row_of(stack) == {6} and stack.reads_prompt() == 0
+
+
+def test_stack_under_a_gate_waits_for_no_compile():
+    """``build_stack`` with a gate returns at once: thinking rows never wait for the compile;
+    a compile that fails leaves the thinking free and the answer only end-of-sequence."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    vocab = SimpleNamespace(eos_token_id=EOS)
+    compiled: Future = Future()
+    stack = build_stack(compiled, vocab, None, thinking=Thinking(TOY, None, (EOS,)))
+    assert isinstance(stack, GatedMatcher)
+    stack.read_prompt([])
+    assert stack.consume([7, 2, 3]) and stack.free() and not compiled.done()
+    compiled.set_exception(RuntimeError("lost"))
+    assert stack.try_consume([4]) == 1 and not stack.free() and stack.error == "lost"
+    assert isinstance(stack.bottom, FailedMatcher) and row_of(stack) == {EOS}
+    stack.rollback(1)
+    assert stack.error is None and stack.free()
+
+
+def test_thinking_rows_cost_no_fill_and_no_apply(config, monkeypatch):
+    """A batch of thinking rows: no compile awaited, no bitmask applied, no row written."""
+    from concurrent.futures import Future
+
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from constrained.processors import grammar_mask
+
+    awaited = []
+
+    class Never(Future):  # a compile that never finishes; waiting for it is recorded
+        def result(self, timeout=None):
+            awaited.append(timeout)
+            raise TimeoutError
+
+    proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
+    monkeypatch.setattr(proc.compiler, "submit", lambda spec: Never())
+    applied = []
+    monkeypatch.setattr(grammar_mask, "apply_token_bitmask", lambda *a: applied.append(a))
+    extra = {"json_schema": SCHEMA, "reasoning_end": MARKER}
+    params = SamplingParams(max_tokens=10_000, extra_args=extra)
+    outputs: list[list[int]] = [[], []]
+    added = [(i, params, [1, 2, 3], outputs[i]) for i in range(2)]
+    proc.update_state(BatchUpdate(2, removed=[], added=added, moved=[]))
+    proc.writer.bitmask.fill_(7)
+    for step in range(3):
+        out = proc.apply(torch.zeros(2, WIDTH))
+        assert (out[:, proc.vocab.eos_token_id] == float("-inf")).all()
+        assert int((out == float("-inf")).sum()) == 2
+        for output in outputs:
+            output.append(100 + step)
+        proc.update_state(None)
+    assert not applied and not awaited and bool((proc.writer.bitmask == 7).all())
 
 
 def test_prompt_that_closed_thinking():

@@ -3,8 +3,9 @@
 A request's grammar row is a **stack of matchers**: a backend's matcher at the bottom
 (llguidance, xgrammar, outlines-core), then wrappers that each add one rule on top of the
 row below (``CheckedMatcher``: ``uniqueItems`` / ``contains``; ``ClosingMatcher``: finish by
-``max_tokens``). Every layer speaks this contract, so the code that drives a row
-(``processors/mask_fill.py``) never asks which backend or wrapper it holds.
+``max_tokens``; ``GatedMatcher``, always on top: think first, ``reasoning_end``).
+``grammars/stack.py`` builds a request's stack. Every layer speaks this contract, so the code
+that drives a row (``processors/mask_fill.py``) never asks which backend or wrapper it holds.
 
 Bitmask layout: int32 words, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is
 allowed (the layout xgrammar and llguidance share).
@@ -19,7 +20,10 @@ The core (every layer):
   layer is exactly as before those tokens: no state of a look-ahead survives.
 - ``fill(bitmask, row)``: write the allowed next tokens into ``bitmask[row]``: exactly the
   tokens whose ``try_consume`` would succeed and after which the output can still be
-  completed under every layer's rules; end-of-sequence only when ``accepts_end``.
+  completed under every layer's rules; end-of-sequence only when ``accepts_end``. (One
+  exception: the gate, while thinking, follows any token; its rows' bans keep the sampler
+  off the tokens it must not take, and a look-ahead past one is a draft the verifier
+  rejects.)
 - ``accepts_end() -> bool``: the output so far is complete and valid (end-of-sequence may
   come now). A layer never allows end-of-sequence otherwise: a ``stop`` is a promise.
 
@@ -36,15 +40,37 @@ The optional hooks (defaults here; a layer overrides what it knows):
 - ``narrow(bitmask, row)``: after the bottom matcher wrote ``row`` (possibly in a batched
   fill of many rows, ``fill_many``), clear what the wrappers refuse, innermost first.
   ``fill`` is ``bottom.fill`` followed by ``narrow``.
-- ``bottom``: the backend matcher at the bottom of the stack (whose type's ``fill_many``
-  writes many rows at once).
+- ``bottom``: the matcher whose fill writes the row before the layers above it narrow it:
+  the backend's matcher at the bottom of the stack (whose type's ``fill_many`` writes many
+  rows at once), or a layer that writes this step's row alone (the gate while thinking: its
+  forced marker token).
 - ``fill_many(pairs, bitmask)`` (classmethod of a bottom matcher): write each
   ``(matcher, row)``'s row; llguidance does it in its thread pool.
+- ``free() -> bool``: this step's row is free: every token allowed but ``bans()``. The
+  writer then writes and applies no mask for it, only its bans (one indexed write for all
+  free rows): a thinking row costs what an unconstrained request's costs. ``fill`` still
+  writes that row (every token but the bans) for a caller that asks. Asked once the step's
+  tokens are consumed (look-aheads included); it may do the row's work (the gate places its
+  forced marker near the budget).
+- ``bans() -> list[int]``: the tokens a free row must not take.
+- ``stays_free() -> bool``: a guess made before the next tokens come: the row after one
+  more token will be free and cost no grammar work (no compile to wait for, no walk). V1
+  then follows a batch of such rows inline instead of in its fill thread.
+  (``free``, ``bans`` and ``stays_free`` are the top layer's: ``MatcherWrapper`` does not
+  forward them, since a layer above a free row would have to narrow it, so it is written.)
+- ``reads_prompt() -> int`` and ``read_prompt(tail)``: how many of the prompt's last tokens
+  the stack must read before its first row (``0``: none, or read already), and reading them
+  (once; the runner gives them when it has them: V1 when the request joins, V2 in the step's
+  one device-to-host copy).
+- ``suffixes() -> list[list[int]]``: completions the stack knows from its state (closing's
+  witnesses), kept for the same request's next stack when vLLM preempts it
+  (``build_stack``'s ``hints``).
 
-A wrapper (``MatcherWrapper``) holds ``inner`` and forwards the core to it; it overrides
-``_narrow_own`` (its clearing) and whichever core calls it must follow (``consume``,
-``rollback``... for its own state). A new rule on a grammar row is one wrapper and its tests;
-``grammars/stack.py`` builds a request's stack.
+A wrapper (``MatcherWrapper``) holds ``inner`` and forwards the core to it (and
+``reads_prompt``, ``read_prompt``, ``suffixes``); it overrides ``_narrow_own`` (its clearing)
+and whichever core calls it must follow (``consume``, ``rollback``... for its own state). A
+new rule on a grammar row is one wrapper and its tests; ``grammars/stack.py`` builds a
+request's stack.
 """
 
 from __future__ import annotations
@@ -107,6 +133,24 @@ class Matcher:
         for matcher, row in pairs:
             matcher.fill(bitmask, row)
 
+    def free(self) -> bool:
+        return False
+
+    def bans(self) -> list[int]:
+        return []
+
+    def stays_free(self) -> bool:
+        return False
+
+    def reads_prompt(self) -> int:
+        return 0
+
+    def read_prompt(self, tail: Sequence[int]) -> None:
+        """A stack that reads no prompt ignores it."""
+
+    def suffixes(self) -> list[list[int]]:
+        return []
+
 
 class MatcherWrapper(Matcher):
     """A layer over ``inner``: forwards the core, adds its own clearing (``_narrow_own``)."""
@@ -156,6 +200,15 @@ class MatcherWrapper(Matcher):
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         """This layer's clearing of ``bitmask[row]`` (the layers below have written it)."""
+
+    def reads_prompt(self) -> int:
+        return self.inner.reads_prompt()
+
+    def read_prompt(self, tail: Sequence[int]) -> None:
+        self.inner.read_prompt(tail)
+
+    def suffixes(self) -> list[list[int]]:
+        return self.inner.suffixes()
 
 
 def words_for(width: int) -> int:

@@ -1,29 +1,49 @@
 """A request's grammar row as a stack of matchers (``matcher.py`` states the contract).
 
-Built once, when the request joins the engine, from the compiled grammar (whose
-``matcher()`` is the backend's matcher, with the array checks already over it where the
-schema has them: ``checked_matcher.CheckedGrammar``) and the request's budget. Bottom to top:
+``build_stack`` builds it from the request's compile (a future: the engine loads compiled
+grammars from the store in a worker thread), its budget and, when it thinks first, its
+gate. Bottom to top:
 
-1. the backend's matcher (llguidance, xgrammar, outlines-core);
-2. ``CheckedMatcher``: ``uniqueItems`` / ``contains`` (JSON schemas that use them);
-3. ``ClosingMatcher``: every output complete by ``max_tokens`` (``close_at_max_tokens``).
+1. the backend's matcher (llguidance, xgrammar, outlines-core), from the compiled grammar's
+   ``matcher()``;
+2. ``CheckedMatcher``: ``uniqueItems`` / ``contains`` (JSON schemas that use them; already
+   over the backend's matcher: ``checked_matcher.CheckedGrammar.matcher()``);
+3. ``ClosingMatcher``: every output complete by ``max_tokens`` (``close_at_max_tokens``);
+4. ``GatedMatcher``: thinking first (``reasoning_end``, ``max_reasoning_tokens``;
+   ``processors/reasoning_gate.py``).
 
-A new rule on grammar rows is one more ``MatcherWrapper`` placed here.
+Layers 1-3 are the answer's (``AnswerLayers``). Without a gate they are built at once (the
+compile awaited: the writer builds a stack at its request's first row, in V1's fill thread).
+Under a gate they are built when first needed (the marker, a look-ahead past it, the budget's
+walk), so the gate is built when its request joins and a thinking row waits for no compile.
+
+The gate and the closing layer share the budget through ``AnswerLayers``: the gate walks the
+answer's shortest completion below the closing layer once thinking nears ``max_tokens``
+(``need``) to place its forced marker, and tells the closing layer how many output tokens
+came before the answer's first (``start``: its ``spent``).
+
+A grammar that fails to build gives a dead stack (``FailedMatcher``: only end-of-sequence),
+never an exception to the engine. A new rule on grammar rows is one more ``MatcherWrapper``
+placed here.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from constrained.grammars.closing import root_witness
+from constrained.grammars.closing import find_witness, root_witness
 from constrained.grammars.closing_matcher import ClosingMatcher
+from constrained.grammars.matcher import Matcher, fill_only
 
 if TYPE_CHECKING:
     import torch
 
-    from constrained.grammars.matcher import Matcher
     from constrained.grammars.vocab import Vocab
+    from constrained.processors.reasoning_gate import Thinking
+
+logger = logging.getLogger(__name__)
 
 
 def build_stack(
@@ -32,13 +52,106 @@ def build_stack(
     limit: int | None,
     hints: Sequence[list[int]] = (),
     scratch: torch.Tensor | None = None,
+    thinking: Thinking | None = None,
+    kind: str = "grammar",
 ) -> Matcher:
-    """The stack for one request: ``limit`` is its ``max_tokens`` when it closes by them;
-    ``hints``: completions a preempted request's earlier stack knew (checked before use);
-    ``scratch``: a host bitmask row for closing's walks."""
-    matcher = compiled.matcher()
-    if limit is None:
-        return matcher
-    root = root_witness(compiled, vocab, scratch)  # walked once per grammar, for every request
-    hints = [*hints, root] if root is not None else hints
-    return ClosingMatcher(matcher, vocab, limit, hints, scratch)
+    """The stack for one request: ``compiled``, the future of its compiled grammar;
+    ``limit``: its ``max_tokens`` when it closes by them; ``hints``: completions a preempted
+    request's earlier stack knew (checked before use); ``scratch``: a host bitmask row for
+    closing's walks; ``thinking``: its gate, if it thinks first; ``kind``: for the log."""
+    answer = AnswerLayers(compiled, vocab, limit, hints, scratch, kind)
+    if thinking is None:
+        return answer.matcher()
+    # processors/ imports grammars/ when it loads, so the gate is imported where it is built.
+    from constrained.processors.reasoning_gate import GatedMatcher
+
+    return GatedMatcher(answer, thinking, limit)
+
+
+class AnswerLayers:
+    """The answer's layers (backend, array checks, closing), built on first ``matcher()``."""
+
+    def __init__(
+        self,
+        compiled: Any,
+        vocab: Vocab,
+        limit: int | None,
+        hints: Sequence[list[int]],
+        scratch: torch.Tensor | None,
+        kind: str,
+    ) -> None:
+        self.compiled = compiled
+        self.vocab = vocab
+        self.limit = limit
+        self.hints = list(hints)
+        self.scratch = scratch
+        self.kind = kind
+        self.stack: Matcher | None = None
+        self.closing: ClosingMatcher | None = None
+        self.failed = False
+        self.spent = 0  # output tokens before the answer's first (a thinking block)
+
+    def matcher(self) -> Matcher:
+        if self.stack is None:
+            try:
+                self.stack = self._build()
+            except Exception as exc:  # admission compiled it; never take the engine down
+                logger.error(
+                    "constrained: %s compile failed in the engine (%s); the request is "
+                    "allowed only end-of-sequence",
+                    self.kind,
+                    exc,
+                )
+                self.failed = True
+                self.stack = FailedMatcher(str(exc) or "compile failed", self.vocab.eos_token_id)
+        return self.stack
+
+    def _build(self) -> Matcher:
+        grammar = self.compiled.result()
+        matcher = grammar.matcher()
+        if self.limit is None:
+            return matcher
+        root = root_witness(grammar, self.vocab, self.scratch)  # walked once per grammar
+        hints = [*self.hints, root] if root is not None else self.hints
+        self.closing = ClosingMatcher(matcher, self.vocab, self.limit, hints, self.scratch)
+        self.closing.spent = self.spent
+        return self.closing
+
+    def need(self) -> int | None:
+        """Tokens of a completion from the answer's start, walked below the closing layer
+        (``limit`` when none is found within it); ``None`` if its grammar failed."""
+        stack = self.matcher()
+        if self.failed or self.limit is None:
+            return None
+        below = self.closing.inner if self.closing is not None else stack
+        witness = find_witness(below, self.vocab, self.limit, self.scratch)
+        return len(witness) if witness is not None else self.limit
+
+    def start(self, spent: int) -> None:
+        """The output had ``spent`` tokens before the answer's first: closing counts them."""
+        self.spent = spent
+        if self.closing is not None:
+            self.closing.spent = spent
+
+
+class FailedMatcher(Matcher):
+    """A stack whose grammar failed to build: dead from the start, only end-of-sequence."""
+
+    def __init__(self, error: str, eos: int) -> None:
+        self.error = error
+        self.eos = eos
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        return False
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        return 0
+
+    def rollback(self, num_tokens: int) -> None:
+        """Nothing was consumed."""
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        fill_only(bitmask, row, [self.eos])
+
+    def accepts_end(self) -> bool:
+        return False

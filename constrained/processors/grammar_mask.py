@@ -29,7 +29,7 @@ from constrained.processors.mask_fill import (
     V1MaskFill,
     V2MaskFill,
 )
-from constrained.processors.reasoning_gate import ReasoningGate
+from constrained.processors.reasoning_gate import Thinking
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.reasoning_parser import thinking_ends
@@ -69,11 +69,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
         fill = self.layout.pick(V1MaskFill, V2MaskFill)
         self.fill = fill(self.writer, self.slots, self.layout)
-        # While a request thinks: end-of-sequence (the answer must come) and the tokens the
-        # engine's reasoning parser reads as an implicit end (reasoning_parser.py).
+        # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
+        # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
         implicit = thinking_ends(vllm_config, self.vocab.hf_tokenizer).implicit_ids
         self.thinking_stops = frozenset({self.vocab.eos_token_id, *implicit})
-        self.thinking_bans = torch.tensor(sorted(self.thinking_stops), device=self.layout.device)
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -95,17 +94,19 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             state.hints = self.resumed.hints_for(params, state)
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
-            state.gate = ReasoningGate(marker, options.max_reasoning_tokens)
             # Its own stop tokens end it too (the generation config's other end-of-sequence
             # ids, stop_token_ids): banned with the rest while it thinks.
             # (Not the marker's own tokens: it must stay writable.)
             writes_marker = {t for ids in marker.rest for t in ids}
-            stops = params.all_stop_token_ids - self.thinking_stops - writes_marker
-            state.stop_ids = tuple(sorted(stops))
-            if tokens is not None:  # V1: the prompt is here; V2 reads its end in apply
-                state.check_prompt(list(tokens[0][-state.prompt_tail_size() :]))
-            else:
-                state.prompt_pending = True
+            own = params.all_stop_token_ids - self.thinking_stops - writes_marker
+            stops = (*sorted(self.thinking_stops), *sorted(own))
+            state.thinking = Thinking(marker, options.max_reasoning_tokens, stops)
+            # The stack now: its gate waits for no compile (the answer's layers are built
+            # when first needed), and reads the prompt's end.
+            state.ready_matcher(self.vocab, self.writer.scratch)
+            back = state.reads_prompt()
+            if tokens is not None and back:  # V1: the prompt is here; V2 reads its end in apply
+                state.read_prompt(list(tokens[0][-back:]))
         self.slots.payload[slot] = state
         return True
 
@@ -120,11 +121,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         masked = self.fill.rows_to_mask(rows, logits)
         if masked:
             apply_token_bitmask(logits, self.writer.on_device(rows.count), masked)
-        if self.writer.thinking:  # free while thinking, but the answer must come
-            index = torch.tensor(self.writer.thinking, device=logits.device)
-            logits[index[:, None], self.thinking_bans] = float("-inf")
-            banned_rows, banned_ids = self.writer.banned
-            if banned_rows:
-                pairs = torch.tensor([banned_rows, banned_ids], device=logits.device)
-                logits[pairs[0], pairs[1]] = float("-inf")
+        banned_rows, banned_ids = self.writer.banned
+        if banned_rows:  # free rows (thinking): no mask, only their bans
+            pairs = torch.tensor([banned_rows, banned_ids], device=logits.device)
+            logits[pairs[0], pairs[1]] = float("-inf")
         return logits

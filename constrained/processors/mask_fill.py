@@ -15,103 +15,67 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
-from constrained.grammars.closing import MAX_WITNESS_TOKENS, find_witness
-from constrained.grammars.closing_matcher import ClosingMatcher
 from constrained.grammars.matcher import Matcher, fill_only, words_for
 from constrained.grammars.stack import build_stack
-from constrained.processors.reasoning_gate import (
-    ReasoningGate,
-    prompt_closes_thinking,
-    prompt_tail_size,
-)
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
+
+if TYPE_CHECKING:
+    from constrained.processors.reasoning_gate import Thinking
 
 logger = init_logger(__name__)
 
 
 @dataclass
 class RowState:
-    """One constrained request: its compile, its matcher and how far it has followed."""
+    """One constrained request: its compile, its stack and how far it has followed."""
 
     spec: GrammarSpec
     compiled: Future
     output_ids: list[int] | None  # V1's live output list; None under V2
     limit: int | None = None  # finishing by max_tokens (None: closing is off)
-    gate: ReasoningGate | None = None  # thinking first (None: constrained from the start)
-    prompt_pending: bool = False  # V2: the gate still has to look at the prompt's end
+    thinking: Thinking | None = None  # its gate, if it thinks first (built with the stack)
     matcher: Matcher | None = None  # the stack (grammars/stack.py)
-    closing: ClosingMatcher | None = None  # its closing layer, if closing is on
     hints: list[list[int]] = field(default_factory=list)  # a preempted run's completions
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
-    gate_budgeted: bool = False  # the gate's forcing point accounts for max_tokens
-    stop_ids: tuple[int, ...] = ()  # its own stop tokens (generation config, stop_token_ids)
-
-    def check_prompt(self, tail: list[int]) -> None:
-        """Open the gate when the prompt already closed the thinking block."""
-        self.prompt_pending = False
-        gate = self.gate
-        if gate is not None and prompt_closes_thinking(tail, gate.marker):
-            gate.open = True
-
-    def thinking(self) -> bool:
-        """Still before the marker, and not forced to it next (its row costs no mask)."""
-        gate = self.gate
-        return (
-            gate is not None
-            and not gate.open
-            and not self.prompt_pending
-            and (gate.force_after is None or gate.seen + 1 < gate.force_after)
-            and (self.limit is None or gate.seen + 1 < self.walk_at())
-        )
-
-    def walk_at(self) -> int:
-        """Output tokens after which a thinking request with a budget walks for its answer's
-        witness (to place the forced marker): a witness is at most MAX_WITNESS_TOKENS long."""
-        assert self.gate is not None and self.limit is not None
-        return self.limit - len(self.gate.marker.ids) - answer_room(MAX_WITNESS_TOKENS)
-
-    def prompt_tail_size(self) -> int:
-        return prompt_tail_size(self.gate.marker) if self.gate is not None else 0
 
     def ready_matcher(self, vocab: Vocab, scratch: torch.Tensor) -> Matcher | None:
-        """The stack, built once the compile is done (waits for it); None if it failed."""
+        """The stack, built on first call (``build_stack``: it waits for the compile, unless
+        the gate is on top: the layers below it are built when first needed); None once a
+        matcher failed."""
         if self.matcher is None and not self.failed:
-            try:
-                self.matcher = build_stack(
-                    self.compiled.result(), vocab, self.limit, self.hints, scratch
-                )
-                if isinstance(self.matcher, ClosingMatcher):
-                    self.closing = self.matcher
-            except Exception as exc:  # admission compiled it; never take the engine down
-                logger.error(
-                    "constrained: %s compile failed in the engine (%s); the request is "
-                    "allowed only end-of-sequence",
-                    self.spec.kind,
-                    exc,
-                )
-                self.failed = True
+            self.matcher = build_stack(
+                self.compiled, vocab, self.limit, self.hints, scratch, self.thinking, self.spec.kind
+            )
         return self.matcher
 
+    def reads_prompt(self) -> int:
+        """Prompt tokens the stack still has to read (the gate: whether the prompt closed
+        the thinking block)."""
+        return self.matcher.reads_prompt() if self.matcher is not None else 0
 
-def answer_room(need: int) -> int:
-    """Tokens a thinking request's answer is left before ``max_tokens`` when the marker is
-    forced: room to close without narrowing most of its rows (twice its need, plus 32)."""
-    return 2 * need + 32
+    def read_prompt(self, tail: list[int]) -> None:
+        if self.matcher is not None:
+            self.matcher.read_prompt(tail)
+
+    def stays_free(self) -> bool:
+        """Its next row will likely be free and cheap (a thinking row): V1 follows a batch of
+        those inline."""
+        return self.matcher is not None and self.matcher.stays_free()
 
 
 class ResumeShelf:
     """Each request's last row state, by its params object, so a preempted request resumes
-    with the completions its closing layer knew (``ClosingMatcher.suffixes``).
+    with the completions its stack knew (``Matcher.suffixes``: closing's).
 
     vLLM re-adds a preempted request (V1 and V2) with its same ``SamplingParams`` object and
     the output so far; a fresh witness walk from there may find only longer completions than
@@ -132,7 +96,7 @@ class ResumeShelf:
         if held is None or held[0] is not params:
             return []
         old = held[1]
-        known = old.closing.suffixes() if old.closing is not None else []
+        known = old.matcher.suffixes() if old.matcher is not None else []
         return (known + old.hints)[:512]  # bounded across repeated preemptions
 
 
@@ -140,7 +104,8 @@ class MaskWriter:
     """The host bitmask (one int32 row of ``ceil(width / 32)`` words per logits row).
 
     It drives each request's stack (``grammars/matcher.py``: consume, fill, draft look-aheads
-    undone by rollback) and knows no layer by name: rows are written by their bottom matcher's
+    undone by rollback) and knows no layer by name: a free row (``free()``: a thinking row)
+    gets no mask, only its ``bans()``; the other rows are written by their bottom matcher's
     ``fill_many`` (llguidance: in its thread pool), then each stack's ``narrow``.
     """
 
@@ -153,15 +118,13 @@ class MaskWriter:
         self._queued: list[tuple[Matcher, int]] = []  # rows to fill in ``finish``
         # Draft rows, written after the rows they follow (whose closing checks they reuse).
         self._drafts: list[tuple[RowState, int, list[int]]] = []
-        # Rows still thinking this step: no mask (their processors' cost is an unconstrained
-        # request's), end-of-sequence banned so the answer always comes; with (row, token)
-        # pairs each request bans besides: its own stop tokens, and the tokens that would
-        # complete the marker carrying text past it.
-        self.thinking: list[int] = []
+        # Free rows this step: no mask (their processors' cost is an unconstrained
+        # request's); their bans as (row, token) pairs, for one indexed write.
+        self.free: list[int] = []
         self.banned: tuple[list[int], list[int]] = ([], [])
 
     def start_step(self) -> None:
-        self.thinking = []
+        self.free = []
         self.banned = ([], [])
 
     def ensure_rows(self, num_rows: int) -> None:
@@ -170,84 +133,40 @@ class MaskWriter:
             self.bitmask = torch.zeros(rows, self.bitmask.shape[1], dtype=torch.int32)
 
     def advance(self, state: RowState, new: list[int], row: int) -> None:
-        """Feed ``new`` committed tokens to a request's stack, then queue its row."""
-        gate = state.gate
-        # (V2, mid-prefill, the prompt's end not read yet: its sample is discarded; the
-        # grammar's row is written meanwhile.)
-        if gate is not None and not gate.open and not state.prompt_pending:
-            after = gate.feed(new)
-            if after is None:
-                state.consumed += len(new)
-                self._thinking_row(state, row)
-                return
-            state.consumed += len(new) - len(after)  # the marker: the constraint starts after
-            new = after
+        """Feed ``new`` committed tokens to a request's stack, then queue its row (or, a
+        free row, take its bans)."""
         try:
             matcher = state.ready_matcher(self.vocab, self.scratch)
             if matcher is not None:
-                if state.closing is not None:  # the output before the constraint counts too
-                    state.closing.spent = state.consumed - state.closing.count
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
                 state.consumed += len(new)
-                self._queued.append((matcher, row))
+                if matcher.free():
+                    self._free_row(matcher, row)
+                else:
+                    self._queued.append((matcher, row))
                 return
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
             state.failed, state.matcher = True, None
         fill_only(self.bitmask, row, [self.eos])
 
-    def _thinking_row(self, state: RowState, row: int) -> None:
-        """A row before the marker: free, or forced to the marker's next token."""
-        gate = state.gate
-        assert gate is not None
-        # The walk waits until thinking could come near the budget: a long budget costs a
-        # thinking row nothing.
-        if state.limit is not None and not state.gate_budgeted and gate.seen >= state.walk_at():
-            self._budget_gate(state)
-        self._free_or_forced(state, gate, row)
-
-    def _free_or_forced(self, state: RowState, gate: ReasoningGate, row: int) -> None:
-        forced = gate.forced_token()
-        if forced is not None:
-            fill_only(self.bitmask, row, [forced])
-            return
-        self.thinking.append(row)
-        bans = [*state.stop_ids, *gate.spills()]
+    def _free_row(self, matcher: Matcher, row: int) -> None:
+        self.free.append(row)
+        bans = matcher.bans()
         if bans:
             self.banned[0].extend([row] * len(bans))
             self.banned[1].extend(bans)
 
-    def _budget_gate(self, state: RowState) -> None:
-        """Force the marker early enough that the answer has its room left
-        (``answer_room``) before ``max_tokens``."""
-        state.gate_budgeted = True
-        gate, limit = state.gate, state.limit
-        matcher = state.ready_matcher(self.vocab, self.scratch)
-        if gate is None or limit is None or matcher is None:
-            return
-        below = state.closing.inner if state.closing is not None else matcher
-        witness = find_witness(below, self.vocab, limit, self.scratch)
-        need = len(witness) if witness is not None else limit
-        latest = max(limit - len(gate.marker.ids) - answer_room(need), 0)
-        gate.force_after = latest if gate.force_after is None else min(gate.force_after, latest)
-
     def draft(self, state: RowState, row: int, drafts: np.ndarray) -> None:
-        """A speculative row: the stack advanced over ``drafts``, its row written, undone.
+        """A speculative row: the stack advanced over ``drafts``, its row written, undone
+        (in ``finish``).
 
         Drafts are cut at the first negative id: vLLM feeds -1 placeholders for the draft rows
         of a step that starts inside the prefill (those rows' samples are rejected).
         """
         negative = np.flatnonzero(drafts < 0)
         tokens = drafts[: negative[0] if negative.size else len(drafts)].tolist()
-        if state.gate is not None and not state.gate.open:  # still thinking before the drafts
-            gate = state.gate.copy()
-            after = gate.feed(tokens)
-            if after is None:
-                self._free_or_forced(state, gate, row)
-                return
-            state.ready_matcher(self.vocab, self.scratch)
-            tokens = after
         self._drafts.append((state, row, tokens))
 
     def _fill_after(self, state: RowState, row: int, tokens: list[int]) -> None:
@@ -258,10 +177,12 @@ class MaskWriter:
             return
         try:
             accepted = matcher.try_consume(tokens)
-            if accepted == len(tokens):
+            if accepted < len(tokens):  # an earlier draft is already masked: this row's
+                fill_only(self.bitmask, row, [self.eos])  # sample is discarded
+            elif matcher.free():
+                self._free_row(matcher, row)
+            else:
                 matcher.fill(self.bitmask, row)
-            else:  # an earlier draft is already masked, so this row's sample is discarded
-                fill_only(self.bitmask, row, [self.eos])
             matcher.rollback(accepted)
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
@@ -322,7 +243,7 @@ class V1MaskFill:
         self.writer.start_step()
         if rows:
             self.writer.ensure_rows(max(rows) + 1)
-            if all(self.slots.payload[row].thinking() for row in rows):
+            if all(self.slots.payload[row].stays_free() for row in rows):
                 self._fill(rows)  # a few bytes compared per row: cheaper than a thread handoff
             else:
                 self._pending = self._filler.submit(self._fill, rows)
@@ -357,8 +278,8 @@ class V1MaskFill:
                 state: RowState = self.slots.payload[row]
                 self.writer.advance(state, state.output_ids[state.consumed :], row)  # type: ignore[index]
             self.writer.finish()
-        thinking = set(self.writer.thinking)
-        return [row for row in ours if row not in thinking] if thinking else ours
+        free = set(self.writer.free)
+        return [row for row in ours if row not in free] if free else ours
 
 
 class V2MaskFill:
@@ -393,10 +314,8 @@ class V2MaskFill:
         states: list[RowState] = [self.slots.payload[s] for s in slots]
         consumed = np.array([state.consumed for state in states], dtype=np.int64)
         prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
-        # A gate not yet told how the prompt ends gets the prompt's last tokens in this copy.
-        back = np.array(
-            [s.prompt_tail_size() if s.prompt_pending else 0 for s in states], dtype=np.int64
-        )
+        # A stack still to read the prompt's end (the gate) gets its last tokens in this copy.
+        back = np.array([s.reads_prompt() for s in states], dtype=np.int64)
         back = np.minimum(back, prompt_len)
         start = prompt_len + consumed - back
         end = np.minimum(ctx.seq_lens_upper_bound_np[mine].astype(np.int64), tokens.shape[1])
@@ -427,14 +346,14 @@ class V2MaskFill:
                 new = max(int(pos[row]) + 1 - first, 0) if not state.failed else 0
                 seen = history[offset : offset + new].tolist()
                 if tail:
-                    if len(seen) < tail:  # still in the prefill: look again next step
+                    if len(seen) < tail:  # in the prefill (its sample is discarded): next step
                         seen = []
                     else:
-                        state.check_prompt(seen[:tail])
+                        state.read_prompt(seen[:tail])
                         seen = seen[tail:]
                 self.writer.advance(state, seen, row)
             else:  # row k of a request: drafts fed at its rows 1..k
                 self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
         self.writer.finish()
-        thinking = set(self.writer.thinking)
-        return [row for row in ours if row not in thinking] if thinking else ours
+        free = set(self.writer.free)
+        return [row for row in ours if row not in free] if free else ours
