@@ -23,8 +23,20 @@ ROOT = Path(__file__).resolve().parent.parent
 INSTRUCTOR_REQUIREMENTS = Path(__file__).with_name("instructor-requirements.txt")
 
 
+@pytest.fixture(scope="module", params=["parsers", "plain"])
+def base_url(request) -> str:
+    """The ``response_format`` flows against two servers of the session: ``parsers``, vLLM's
+    stock server on the tiny qwen3.6 model with its reasoning and tool-call parsers
+    (``stock36``), and ``plain``, the tiny Qwen2 model with neither (``server``: our
+    launcher)."""
+    name = "stock36" if request.param == "parsers" else "server"
+    return request.getfixturevalue(name) + "/v1"
+
+
 @pytest.fixture(scope="module")
-def base_url(stock36) -> str:
+def tools_url(stock36) -> str:
+    """The tool-call flows: only where a tool-call parser is set (vLLM answers a named or
+    required ``tool_choice`` without one with HTTP 400, "requires --tool-call-parser")."""
     return stock36 + "/v1"
 
 
@@ -36,8 +48,15 @@ def valid(value: object) -> Pet:
 # --- LangChain ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("method", "seed"), [("json_schema", 1), ("function_calling", 2)])
-def test_langchain_with_structured_output(base_url, method, seed):
+def test_langchain_json_schema(base_url):
+    _langchain_with_structured_output(base_url, "json_schema", 1)
+
+
+def test_langchain_function_calling(tools_url):
+    _langchain_with_structured_output(tools_url, "function_calling", 2)
+
+
+def _langchain_with_structured_output(base_url: str, method: str, seed: int) -> None:
     langchain_openai = pytest.importorskip("langchain_openai")
     chat = langchain_openai.ChatOpenAI(
         model="tiny", base_url=base_url, api_key="unused", temperature=1.0, seed=seed,
@@ -60,10 +79,10 @@ def _pydantic_ai_agent(base_url: str, output_type: object, seed: int):
     return Agent(model, output_type=output_type, model_settings=settings, retries=0)
 
 
-def test_pydantic_ai_tool_output(base_url):
+def test_pydantic_ai_tool_output(tools_url):
     """The default: the model calls an output tool (``final_result``) whose parameters are
     the model's schema, ``$ref`` and all; ``tool_choice`` required."""
-    agent = _pydantic_ai_agent(base_url, Pet, seed=3)
+    agent = _pydantic_ai_agent(tools_url, Pet, seed=3)
     valid(agent.run_sync(PROMPT).output)
 
 
@@ -116,8 +135,16 @@ def instructor_python(request, tmp_path_factory) -> Path:
 
 
 # JSON and MD_JSON are not here: instructor sends no schema to enforce (docs/clients.md).
-@pytest.mark.parametrize(("mode", "seed"), [("TOOLS", 6), ("TOOLS_STRICT", 7), ("JSON_SCHEMA", 8)])
-def test_instructor_from_openai(base_url, instructor_python, mode, seed):
+@pytest.mark.parametrize(("mode", "seed"), [("TOOLS", 6), ("TOOLS_STRICT", 7)])
+def test_instructor_tools(tools_url, instructor_python, mode, seed):
+    _instructor_from_openai(tools_url, instructor_python, mode, seed)
+
+
+def test_instructor_json_schema(base_url, instructor_python):
+    _instructor_from_openai(base_url, instructor_python, "JSON_SCHEMA", 8)
+
+
+def _instructor_from_openai(base_url: str, instructor_python: Path, mode: str, seed: int) -> None:
     out = subprocess.run(
         [str(instructor_python), "-m", "tests.instructor_client", base_url, mode, str(seed)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=client_env(),
