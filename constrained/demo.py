@@ -202,7 +202,7 @@ def show_samplers(llm: Any, sampling_params: Any, tokenizer: Any) -> None:
         # This loop's token, '):', holds ':', one of DRY's default sequence breakers, which
         # DRY never penalizes (as in llama.cpp): with none, the loop itself is broken.
         ("greedy + DRY (multiplier 5, base 2, allowed length 2, no sequence breakers): "
-         "no run repeats past its allowed length",
+         "a repeat is penalized once it is longer than 2 (so a token at most 3 times in a row)",
          Options(dry_multiplier=5.0, dry_base=2.0, dry_allowed_length=2,
                  dry_sequence_breakers=[])),
     ]  # fmt: skip
