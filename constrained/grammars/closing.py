@@ -110,15 +110,22 @@ def find_witness(
     limit: int,
     scratch: torch.Tensor | None = None,
     plain_text: bool = False,
+    joins: Sequence[Sequence[int]] = (),
 ) -> list[int] | None:
     """Tokens (end-of-sequence not included) that complete the output from ``matcher``'s
     state, at most ``limit`` of them; ``None`` when the walk finds none in time.
 
     The matcher is left where it was (every consumed token is rolled back). ``scratch``: a
     host int32 bitmask row to fill (one is made if not given). ``plain_text``: rank JSON's
-    literals (``true``, ``null``...) like any other word (a regex's ``[a-z]+``).
+    literals (``true``, ``null``...) like any other word (a regex's ``[a-z]+``). ``joins``:
+    known completions (a caller's witness) tried at every state the walk reaches, the
+    shortest first: the walk ends as soon as one completes in time (after ``\\`` the walk
+    takes ``n``, then the witness closes the string: a walk of one mask, not ten).
     """
-    limit = min(limit, MAX_WITNESS_TOKENS)
+    wanted = min(limit, MAX_WITNESS_TOKENS)
+    # The walk takes one character at a time where the tokenizer writes several: it may run
+    # past ``wanted`` and still fit once spelt (``shortest_spelling``).
+    limit = min(2 * wanted + 4, MAX_WITNESS_TOKENS)
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
     quote = int(orders[0].argmin())  # '"', the closer ranked first
     closers = closing_sequences(vocab)
@@ -128,10 +135,18 @@ def find_witness(
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     path: list[int] = []
+    joins = sorted((list(j) for j in joins if j), key=len)
     try:
         while not matcher.accepts_end():
             if len(path) >= limit:
                 return None
+            if path:  # the caller's completions, from here
+                rest = next(
+                    (j for j in joins if len(path) + len(j) <= limit and matcher.completes(j)),
+                    None,
+                )
+                if rest is not None:
+                    return _fits(_spelt(matcher, vocab, path + rest, len(path)), wanted)
             ahead = matcher.forced()[: limit - len(path)]  # what the grammar forces next
             if ahead:
                 taken = matcher.try_consume(ahead)
@@ -139,7 +154,8 @@ def find_witness(
                 if taken:
                     continue
             matcher.fill(scratch, 0)
-            few = _few_allowed(scratch[0], vocab.width)
+            words = scratch[0].numpy().view(np.uint32)
+            few = _few_allowed(words, vocab.width)
             if few is not None:  # structure (keys, punctuation): the few allowed tokens only
                 costs = orders[0][few] + used[few]
                 token = int(few[costs.argmin()]) if few.size else -1
@@ -149,15 +165,20 @@ def find_witness(
                 if orders[0][token] > _CLOSER:
                     used[token] += _REUSE_COST
                 continue
-            allowed = allowed_ids(scratch[0], vocab.width)
             # Most of the vocabulary allowed: inside a string, where the content order works.
-            in_string = np.count_nonzero(allowed) > vocab.width // 4
+            in_string = int(np.bitwise_count(words).sum()) > vocab.width // 4
             if in_string and len(path) + 1 < limit:  # raw text (Qwen's XML): close it now
                 closer = next((c for c in closers if completes_prefix(matcher, c)), None)
                 if closer is not None and len(path) + len(closer) <= limit:
                     matcher.try_consume(closer)
                     path.extend(closer)
                     continue
+            if in_string and words[quote >> 5] >> np.uint32(quote & 31) & 1:
+                # '"' closes the string: ranked first, and no pass over the row is needed
+                if matcher.try_consume([quote]) == 1:
+                    path.append(quote)
+                    continue
+            allowed = allowed_ids(scratch[0], vocab.width)
             ranks = orders[int(in_string)]
             cost = np.where(allowed, ranks + used, _NEVER)
             token = _closing_next(matcher, cost, quote) if in_string else None
@@ -170,16 +191,49 @@ def find_witness(
             path.append(token)
             if ranks[token] > _CLOSER:  # closing never circles; anything else may
                 used[token] += _REUSE_COST
-        return path
+        return _fits(_spelt(matcher, vocab, list(path), len(path)), wanted)
     finally:
         matcher.rollback(len(path))
 
 
-def _few_allowed(bitmask_row: torch.Tensor, width: int) -> np.ndarray | None:
-    """The allowed token ids, ascending, of a row that allows at most a quarter of the
-    vocabulary by its nonzero words alone (``None`` otherwise: ``find_witness`` then reads
-    the whole row). The same choice as the whole row's ``argmin``, without a pass over it."""
-    words = bitmask_row.numpy().view(np.uint32)
+def _fits(path: list[int], limit: int) -> list[int] | None:
+    return path if len(path) <= limit else None
+
+
+def _spelt(matcher: Matcher, vocab: Vocab, path: list[int], depth: int) -> list[int]:
+    """``shortest_spelling`` of a walk's ``path`` from the walk's start, ``depth`` tokens
+    back (the matcher is there while the walk is rolled back)."""
+    matcher.rollback(depth)
+    try:
+        return shortest_spelling(matcher, vocab, path)
+    finally:
+        matcher.try_consume(path[:depth])
+
+
+def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[int]:
+    """``path``, or its text as the tokenizer writes it when that is shorter and also
+    completes from ``matcher``'s state (a walk takes ``"`` ``,`` ``"`` one by one where the
+    tokenizer writes ``","``: the need it measures halves)."""
+    if len(path) < 3:
+        return path
+    pieces = vocab.token_bytes()
+    for kept in range(min(4, len(path) - 2)):  # tokens that end a UTF-8 character: kept
+        try:
+            text = b"".join(pieces[token] for token in path[kept:]).decode()
+        except UnicodeDecodeError:
+            continue
+        tokens = path[:kept] + list(vocab.hf_tokenizer.encode(text, add_special_tokens=False))
+        if len(tokens) < len(path) and matcher.completes(tokens):
+            return tokens
+        break
+    return path
+
+
+def _few_allowed(words: np.ndarray, width: int) -> np.ndarray | None:
+    """The allowed token ids, ascending, of a row (its uint32 words) that allows at most a
+    quarter of the vocabulary by its nonzero words alone (``None`` otherwise:
+    ``find_witness`` then reads the whole row). The same choice as the whole row's
+    ``argmin``, without a pass over it."""
     nonzero = np.flatnonzero(words)
     if nonzero.size * 32 > width // 4:
         return None

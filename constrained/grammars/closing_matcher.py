@@ -62,8 +62,8 @@ logger = logging.getLogger(__name__)
 
 GROW = 8  # the least rise of the need one token is assumed to cause at most
 EXACT_MAX = 64  # rows allowing more tokens are checked per class
-WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs its room), for tokens no
-# known suffix completes after
+WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs the masks it takes), for
+# tokens no known suffix completes after
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
@@ -176,6 +176,9 @@ class ClosingMatcher(MatcherWrapper):
         self.recent_by_class: dict[int, list[int]] = {}
         self.learnt: list[list[int]] = []  # the last few of them, any token's, newest first
         self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
+        # The last committed near row: its allowed words, witness, and its sort (reused
+        # while the row stays the same: text inside a string).
+        self._last_sort: tuple | None = None
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -209,7 +212,7 @@ class ClosingMatcher(MatcherWrapper):
             del self.ahead[len(self.ahead) - num_tokens :]
         else:  # committed tokens undone: what was known of the state is gone
             self.ahead, self.witness, self.safe, self.by_class = [], None, {}, {}
-            self.candidates = []
+            self.candidates, self._last_sort = [], None
             self.need_bound = 1 << 30
 
     def _follow(self, new: list[int]) -> None:
@@ -279,11 +282,17 @@ class ClosingMatcher(MatcherWrapper):
             tries += [witness[k:] for k in range(min(len(ahead), len(witness)) + 1)]
         return next((s for s in sorted(tries, key=len) if completes(self.inner, s)), None)
 
-    def _walk(self, limit: int) -> list[int] | None:
+    def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
+        """A completion from the current state within ``limit`` (``find_witness``), ending
+        early where one of ``joins`` completes; when that one does not fit, a walk of its own."""
         if self._scratch is None:
             import torch
 
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
+        if joins:
+            joined = find_witness(self.inner, self.vocab, limit, self._scratch, joins=joins)
+            if joined is not None:
+                return joined
         found = find_witness(self.inner, self.vocab, limit, self._scratch)
         literals = literal_tokens(self.vocab)
         # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.
@@ -323,13 +332,17 @@ class ClosingMatcher(MatcherWrapper):
             return  # no completion found in reach: the grammar's row, and a cut
         if left - 2 >= len(witness) + self.grow:
             return
-        safe, by_class, unsafe = self._sort_tokens(bitmask, row, witness, left)
+        words = bitmask[row].numpy().view(np.uint32)
+        sorted_ = self._sorted_again(words, witness, left) if committed else None
+        if sorted_ is None:
+            sorted_ = self._sort_tokens(bitmask, row, witness, left)
+        safe, by_class, unsafe = sorted_
         if committed:
             self.safe, self.by_class, self.narrowed = safe, by_class, bool(unsafe)
+            self._last_sort = (words.copy(), witness, safe, by_class, unsafe)
         else:
             self.drafts[tuple(self.ahead)] = (safe, by_class)
         if unsafe:
-            words = bitmask[row].numpy().view(np.uint32)
             ids = np.asarray(unsafe, dtype=np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
 
@@ -342,6 +355,31 @@ class ClosingMatcher(MatcherWrapper):
         if witness is not None and ahead == witness[: len(ahead)]:
             return len(witness) - len(ahead)
         return self.need_bound + self.grow * len(ahead)
+
+    def _sorted_again(
+        self, words: np.ndarray, witness: list[int], left: int
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[int]] | None:
+        """The last committed row's sort, when this row allows the same tokens with the same
+        witness (the model wrote text the grammar's state does not count, as plain text
+        inside a free string): each kept suffix that no longer fits the one token less of
+        room is checked again, a class's by a sort of its own; ``None`` when the row differs."""
+        last = self._last_sort
+        if last is None or last[1] != witness or not np.array_equal(last[0], words):
+            return None
+        _, _, safe, by_class, unsafe = last
+        room = left - 2
+        if any(len(suffix) > room for suffix in by_class.values()):
+            return None
+        stale = [token for token, suffix in safe.items() if len(suffix) > room]
+        if not stale:
+            return safe, by_class, unsafe
+        safe, unsafe, walks = dict(safe), list(unsafe), [WALK_TOKENS]
+        classes = token_classes(self.vocab)[0]
+        for token in stale:
+            del safe[token]
+            if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
+                unsafe.append(token)
+        return safe, by_class, unsafe
 
     def _sort_tokens(
         self, bitmask: torch.Tensor, row: int, witness: list[int], left: int
@@ -446,15 +484,15 @@ class ClosingMatcher(MatcherWrapper):
         for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room and completes(self.inner, [token, *suffix]):
                 return self._found(token, suffix, witness, safe, key, learnt)
-        if walks[0] < room:
+        if walks[0] <= 0:
             return None
-        walks[0] -= max(room, 1)
         if self.inner.try_consume([token]) != 1:
             return None
         try:
-            found = self._walk(room)
+            found = self._walk(room, [witness, witness[1:]])
         finally:
             self.inner.rollback(1)
+        walks[0] -= room if found is None else max(len(found), 1)  # the masks it took
         return None if found is None else self._found(token, found, witness, safe, key, True)
 
     def _tries(
