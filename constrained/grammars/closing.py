@@ -173,11 +173,11 @@ def find_witness(
                     matcher.try_consume(closer)
                     path.extend(closer)
                     continue
-            if in_string and words[quote >> 5] >> np.uint32(quote & 31) & 1:
-                # '"' closes the string: ranked first, and no pass over the row is needed
-                if matcher.try_consume([quote]) == 1:
-                    path.append(quote)
-                    continue
+            # '"' closes the string: ranked first, and no pass over the row is needed
+            quoted = in_string and words[quote >> 5] >> np.uint32(quote & 31) & 1
+            if quoted and matcher.try_consume([quote]) == 1:
+                path.append(quote)
+                continue
             allowed = allowed_ids(scratch[0], vocab.width)
             ranks = orders[int(in_string)]
             cost = np.where(allowed, ranks + used, _NEVER)
