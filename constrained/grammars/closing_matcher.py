@@ -134,6 +134,16 @@ def _open_bytes(piece: bytes) -> int:
     return 0
 
 
+class Walks:
+    """What one row may still walk: ``left`` masks (``WALK_TOKENS``), and the classes where
+    a walk after a member found nothing in reach (their other members are not walked: a
+    UTF-8 lead byte fails as its neighbours do)."""
+
+    def __init__(self) -> None:
+        self.left = WALK_TOKENS
+        self.failed: set[int] = set()
+
+
 class ClosingMatcher(MatcherWrapper):
     """The stack below (``inner``) plus the budget: every output completes by ``limit``."""
 
@@ -284,16 +294,13 @@ class ClosingMatcher(MatcherWrapper):
 
     def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
         """A completion from the current state within ``limit`` (``find_witness``), ending
-        early where one of ``joins`` completes; when that one does not fit, a walk of its own."""
+        early where one of ``joins`` completes."""
         if self._scratch is None:
             import torch
 
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
-        if joins:
-            joined = find_witness(self.inner, self.vocab, limit, self._scratch, joins=joins)
-            if joined is not None:
-                return joined
-        found = find_witness(self.inner, self.vocab, limit, self._scratch)
+        # Joins only end a walk early: the same walk without them finds nothing more.
+        found = find_witness(self.inner, self.vocab, limit, self._scratch, joins=joins)
         literals = literal_tokens(self.vocab)
         # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.
         if found is None or any(literals[token] for token in found):
@@ -373,7 +380,7 @@ class ClosingMatcher(MatcherWrapper):
         stale = [token for token, suffix in safe.items() if len(suffix) > room]
         if not stale:
             return safe, by_class, unsafe
-        safe, unsafe, walks = dict(safe), list(unsafe), [WALK_TOKENS]
+        safe, unsafe, walks = dict(safe), list(unsafe), Walks()
         classes = token_classes(self.vocab)[0]
         for token in stale:
             del safe[token]
@@ -392,14 +399,15 @@ class ClosingMatcher(MatcherWrapper):
         safe: dict[int, list[int]] = {}
         by_class: dict[int, list[int]] = {}
         unsafe: list[int] = []
-        walks = [WALK_TOKENS]
+        walks = Walks()
         if np.count_nonzero(keep) <= EXACT_MAX:
             for token in np.flatnonzero(keep).tolist():
                 if self._check(token, witness, left, safe, walks) is None:
                     unsafe.append(token)
             return safe, by_class, unsafe
         classes = token_classes(self.vocab)[0]
-        leads = self._leads(witness)
+        leads = np.fromiter(self._leads(witness), dtype=np.int64)
+        unchecked: list[np.ndarray] = []  # members past CLASS_CHECKS: cleared
         # The allowed tokens by class, shortest first (one pass over the vocabulary's order).
         ordered = class_order(self.vocab)
         ordered = ordered[keep[ordered]]
@@ -415,15 +423,17 @@ class ClosingMatcher(MatcherWrapper):
                 continue
             # Its members checked one by one: first those writing the witness's first bytes
             # (its own first token among them), then up to CLASS_CHECKS others.
-            inner = ordered[begin + 1 : end - 1].tolist()
-            ahead = [t for t in inner if t in leads]
-            others = [t for t in inner if t not in leads]
-            checked = ahead + others[:CLASS_CHECKS]
+            inner = ordered[begin + 1 : end - 1]
+            lead = np.isin(inner, leads) if leads.size else np.zeros(inner.size, dtype=bool)
+            others = inner[~lead]
+            checked = inner[lead].tolist() + others[:CLASS_CHECKS].tolist()
             unsafe += [
                 t for t in checked if self._check(t, witness, left, safe, walks, key) is None
             ]
-            unsafe += others[CLASS_CHECKS:]
+            unchecked.append(others[CLASS_CHECKS:])
             unsafe += [t for t in {first, last} if t not in safe]
+        if unchecked:
+            unsafe += np.concatenate(unchecked).tolist()
         return safe, by_class, unsafe
 
     def _leads(self, witness: list[int]) -> set[int]:
@@ -471,20 +481,27 @@ class ClosingMatcher(MatcherWrapper):
         witness: list[int],
         left: int,
         safe: dict[int, list[int]],
-        walks: list[int],
+        walks: Walks,
         key: int | None = None,
     ) -> list[int] | None:
         """The suffix that completes after ``token`` in time (recorded in ``safe``): the
         witness or its tail, nothing, the witness's text after the token's, the last suffix
         found for it or a token of its class (``key``; this row or an earlier one), the last
-        few found for any (``learnt``), else a walk."""
+        few found for any (``learnt``), else a walk. A known suffix that completes but is
+        too long ends the check without a walk: the walks found those suffixes, and a walk
+        from here would most likely find no shorter one (failed walks are most of a tight
+        row's cost)."""
         room = left - 2
         if room < 0:
             return None
+        too_long = False
         for suffix, learnt in self._tries(token, witness, key):
-            if len(suffix) <= room and completes(self.inner, [token, *suffix]):
-                return self._found(token, suffix, witness, safe, key, learnt)
-        if walks[0] <= 0:
+            if len(suffix) <= room:
+                if completes(self.inner, [token, *suffix]):
+                    return self._found(token, suffix, witness, safe, key, learnt)
+            elif not too_long:
+                too_long = completes(self.inner, [token, *suffix])
+        if too_long or walks.left <= 0 or key in walks.failed:
             return None
         if self.inner.try_consume([token]) != 1:
             return None
@@ -492,8 +509,12 @@ class ClosingMatcher(MatcherWrapper):
             found = self._walk(room, [witness, witness[1:]])
         finally:
             self.inner.rollback(1)
-        walks[0] -= room if found is None else max(len(found), 1)  # the masks it took
-        return None if found is None else self._found(token, found, witness, safe, key, True)
+        walks.left -= room if found is None else max(len(found), 1)  # the masks it took
+        if found is None:
+            if key is not None:
+                walks.failed.add(key)
+            return None
+        return self._found(token, found, witness, safe, key, True)
 
     def _tries(
         self, token: int, witness: list[int], key: int | None
