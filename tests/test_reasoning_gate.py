@@ -21,15 +21,15 @@ from constrained.grammars import GrammarSpec, compile_now
 from constrained.grammars.closing import MAX_WITNESS_TOKENS, completes
 from constrained.grammars.marker import Marker, marker_for, text_pieces
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.grammars.stack import FailedMatcher, build_stack
-from constrained.processors.grammar_mask import GrammarMaskProcessor
-from constrained.processors.reasoning_gate import (
+from constrained.grammars.reasoning_gate import (
     GatedMatcher,
     ReasoningGate,
     Thinking,
     answer_room,
     prompt_closes_thinking,
 )
+from constrained.grammars.stack import FailedMatcher, build_stack
+from constrained.processors.grammar_mask import GrammarMaskProcessor
 from tests.simulate import Request, V1Batch
 from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
 

@@ -121,11 +121,28 @@ def find_witness(
     known completions (a caller's witness) tried at every state the walk reaches, the
     shortest first: the walk ends as soon as one completes in time (after ``\\`` the walk
     takes ``n``, then the witness closes the string: a walk of one mask, not ten).
+    The walk takes one character at a time where the tokenizer writes several, so it may run
+    to twice ``limit`` and still fit once spelt (``shortest_spelling``).
     """
     wanted = min(limit, MAX_WITNESS_TOKENS)
-    # The walk takes one character at a time where the tokenizer writes several: it may run
-    # past ``wanted`` and still fit once spelt (``shortest_spelling``).
-    limit = min(2 * wanted + 4, MAX_WITNESS_TOKENS)
+    path = _walk(
+        matcher, vocab, min(2 * wanted + 4, MAX_WITNESS_TOKENS), scratch, plain_text, joins
+    )
+    if path is None:
+        return None
+    path = shortest_spelling(matcher, vocab, path)
+    return path if len(path) <= wanted else None
+
+
+def _walk(
+    matcher: Matcher,
+    vocab: Vocab,
+    limit: int,
+    scratch: torch.Tensor | None,
+    plain_text: bool,
+    joins: Sequence[Sequence[int]],
+) -> list[int] | None:
+    """``find_witness``'s walk, at most ``limit`` tokens as the walk takes them."""
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
     quote = int(orders[0].argmin())  # '"', the closer ranked first
     closers = closing_sequences(vocab)
@@ -146,7 +163,7 @@ def find_witness(
                     None,
                 )
                 if rest is not None:
-                    return _fits(_spelt(matcher, vocab, path + rest, len(path)), wanted)
+                    return path + rest
             ahead = matcher.forced()[: limit - len(path)]  # what the grammar forces next
             if ahead:
                 taken = matcher.try_consume(ahead)
@@ -191,23 +208,9 @@ def find_witness(
             path.append(token)
             if ranks[token] > _CLOSER:  # closing never circles; anything else may
                 used[token] += _REUSE_COST
-        return _fits(_spelt(matcher, vocab, list(path), len(path)), wanted)
+        return list(path)
     finally:
         matcher.rollback(len(path))
-
-
-def _fits(path: list[int], limit: int) -> list[int] | None:
-    return path if len(path) <= limit else None
-
-
-def _spelt(matcher: Matcher, vocab: Vocab, path: list[int], depth: int) -> list[int]:
-    """``shortest_spelling`` of a walk's ``path`` from the walk's start, ``depth`` tokens
-    back (the matcher is there while the walk is rolled back)."""
-    matcher.rollback(depth)
-    try:
-        return shortest_spelling(matcher, vocab, path)
-    finally:
-        matcher.try_consume(path[:depth])
 
 
 def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[int]:

@@ -18,10 +18,15 @@ and narrowed to exactly its safe tokens otherwise:
 - **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
   its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
   request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
-  time, else a walk from after ``t`` (``WALK_TOKENS`` walked tokens a row; a token left
-  unchecked is cleared, so a narrowed row never holds an unsafe token). A check is one
-  ``completes`` of the matcher (llguidance: about 2 us); a walk costs a mask per token, so
-  a suffix found once is tried again before walking.
+  time, else a walk from after ``t`` that ends where the witness completes (``WALK_TOKENS``
+  masks a row; none after a token whose known suffix completes but is too long, or after a
+  member of a class whose walk found nothing this row; a token left unchecked is cleared,
+  so a narrowed row never holds an unsafe token). A check is one ``completes`` of the
+  matcher (llguidance: about 2 us); a walk costs a mask per token, so a suffix found once
+  is tried again before walking.
+- **Near, the same row again**: a committed row allowing exactly the tokens of the
+  request's last near row, with the same witness (text inside a free string), takes that
+  row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again.
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class): its shortest and longest member stand for it; a class where either
@@ -352,6 +357,21 @@ class ClosingMatcher(MatcherWrapper):
         if unsafe:
             ids = np.asarray(unsafe, dtype=np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+            if witness and not words.any():
+                self._keep_witness(words, witness[0])
+
+    def _keep_witness(self, words: np.ndarray, first: int) -> None:
+        """A narrowed row left empty: the layers below did not allow the witness's first
+        token, which the matcher accepts (``completes``). llguidance 1.7.6 can compute a
+        mask that leaves out a token its ``validate_tokens`` and ``consume`` take (seen
+        after a history of checks; a fresh matcher at the same state allows it). The row
+        keeps that token rather than nothing: a row is never empty."""
+        words[first // 32] |= np.uint32(1) << np.uint32(first % 32)
+        logger.warning(
+            "constrained: the grammar's row left out the only token that completes in time "
+            "(id %d, accepted by the matcher); kept",
+            first,
+        )
 
     def _bound(self) -> int:
         """An upper bound of the need at the current state (committed or look-ahead)."""

@@ -1,7 +1,7 @@
 """The text that ends a model's thinking (``reasoning_end``), as this vocabulary writes it.
 
 Bytes of every token (special tokens included: Qwen3's ``</think>`` is one token), and the
-marker's token ids from any point of it, for ``processors/reasoning_gate.py`` to follow and
+marker's token ids from any point of it, for ``grammars/reasoning_gate.py`` to follow and
 force, and for admission to count; and the tokens that would complete it carrying more text
 (``>{``), which thinking must not write: that text would reach the answer unchecked.
 """

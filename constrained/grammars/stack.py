@@ -10,7 +10,7 @@ gate. Bottom to top:
    over the backend's matcher: ``checked_matcher.CheckedGrammar.matcher()``);
 3. ``ClosingMatcher``: every output complete by ``max_tokens`` (``close_at_max_tokens``);
 4. ``GatedMatcher``: thinking first (``reasoning_end``, ``max_reasoning_tokens``;
-   ``processors/reasoning_gate.py``).
+   ``grammars/reasoning_gate.py``).
 
 Layers 1-3 are the answer's (``AnswerLayers``). Without a gate they are built at once (the
 compile awaited: the writer builds a stack at its request's first row, in V1's fill thread).
@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 from constrained.grammars.closing import find_witness, root_witness
 from constrained.grammars.closing_matcher import ClosingMatcher
 from constrained.grammars.matcher import Matcher, fill_only
+from constrained.grammars.reasoning_gate import GatedMatcher
 
 if TYPE_CHECKING:
     import torch
 
+    from constrained.grammars.reasoning_gate import Thinking
     from constrained.grammars.vocab import Vocab
-    from constrained.processors.reasoning_gate import Thinking
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,6 @@ def build_stack(
     answer = AnswerLayers(compiled, vocab, limit, hints, scratch, kind)
     if thinking is None:
         return answer.matcher()
-    # processors/ imports grammars/ when it loads, so the gate is imported where it is built.
-    from constrained.processors.reasoning_gate import GatedMatcher
-
     return GatedMatcher(answer, thinking, limit)
 
 

@@ -19,6 +19,7 @@ import torch
 from constrained.admission import closes_at_budget, spec_of, tokenizer_path
 from constrained.grammars import compiler_for, load_vocab
 from constrained.grammars.marker import marker_for
+from constrained.grammars.reasoning_gate import Thinking
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.functional import apply_token_bitmask
@@ -29,7 +30,6 @@ from constrained.processors.mask_fill import (
     V1MaskFill,
     V2MaskFill,
 )
-from constrained.processors.reasoning_gate import Thinking
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.reasoning_parser import thinking_ends

@@ -29,7 +29,7 @@ from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
 
 if TYPE_CHECKING:
-    from constrained.processors.reasoning_gate import Thinking
+    from constrained.grammars.reasoning_gate import Thinking
 
 logger = init_logger(__name__)
 
