@@ -121,20 +121,24 @@ def test_closing_keeps_narrowing_where_a_completion_fits(vocab):
     assert not stack.warned  # closing found a completion in reach and narrowed the row
 
 
-def test_a_narrowed_row_is_never_empty(vocab):
+def test_a_narrowed_row_is_never_empty(vocab, monkeypatch):
     """Found by ``benchmarks/closing_walks.py`` (MaskBench BFCL_parallel_multiple_56 at
     budget 11, 7 of 1,760 walks): after ``":"/`` two tokens are left and only ``"}}``
     completes in time. llguidance 1.7.6's mask at that state, after the closing layer's
     history of checks, leaves ``"}}`` out although the matcher accepts it (a fresh matcher at
     the same state allows it): every allowed token was cleared and the row was empty. The
     closing layer keeps the witness's first token instead."""
+    from constrained.grammars import closing
     from tests.closing_walk import allowed
 
+    monkeypatch.setattr(closing, "SPELL", True)  # the walk that found it spelt witnesses
     path = MASKBENCH / "BFCL_parallel_multiple_56.json"
     if not path.exists():
         pytest.skip("MaskBench is not here")
     schema = json.loads(path.read_text())["schema"]
     compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab)
+    compiled.__dict__.pop("_root_witness", None)  # walked again, spelt (compiles are cached)
+    monkeypatch.setattr(compiled, "_root_witness", False, raising=False)
     encode = vocab.hf_tokenizer.encode
     tokens = encode('{"time_zones.get_current_time":{"location":"/', add_special_tokens=False)
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
