@@ -215,7 +215,7 @@ def _walk(
             path.append(token)
             if ranks[token] > _CLOSER:  # closing never circles; anything else may
                 used[token] += _REUSE_COST
-        return list(path)
+        return path
     finally:
         matcher.rollback(len(path))
 
