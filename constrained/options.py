@@ -174,7 +174,8 @@ class Options(BaseModel):
             mode); outputs still validate. Default ``False``: JSON Schema's meaning (extra
             keys allowed).
         reasoning_end: with a constraint: the text that ends the model's thinking (e.g.
-            ``"</think>"``, matched as text over the output tokens' bytes). Until the output
+            ``"</think>"``; one added token is matched as that token, as vLLM's reasoning
+            parsers do, other text over the output tokens' bytes). Until the output
             contains it, decoding is free (our other options still apply; end-of-sequence,
             the request's stop tokens and tokens that would carry text past the marker are
             not allowed, so the answer always comes, all of it checked); from the token

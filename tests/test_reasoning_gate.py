@@ -58,6 +58,21 @@ def test_gate_follows_and_forces_the_marker():
     assert free.feed([2, 3, 5, 6]) == [6] and free.open  # ">\n\n" completes it too
 
 
+# The same vocabulary with the marker also one added token, 9 (Qwen3's ``</think>``).
+ONE = Marker(b"</think>", (9,), tuple((9,) for _ in range(8)), [*PIECES, b"x", b"</think>"], 9)
+
+
+def test_a_one_token_marker_is_that_token_only():
+    """vLLM's reasoning parsers end thinking at the marker's id: spelled in pieces it is
+    thinking text, and forcing writes the token even after a partial spelling (the bug the
+    engine test found: "</" then a forced "think", ">", and the answer stayed reasoning)."""
+    gate = ReasoningGate(ONE, force_after=4)
+    assert gate.feed([2, 3, 4]) is None and not gate.open  # "</think>" spelled: still thinking
+    assert gate.spills() == [] and gate.forced_token() is None
+    assert gate.feed([2]) is None and gate.forced_token() == 9  # after "</": the token
+    assert gate.feed([9, 6]) == [6] and gate.open
+
+
 def test_tokens_completing_the_marker_with_more_text_are_banned_while_thinking():
     assert TOY.spills[0] == () and TOY.spills[7] == (5,)  # ">\n\n" after "</think"
     gate = ReasoningGate(TOY)

@@ -25,12 +25,19 @@ class Marker:
     ids: tuple[int, ...]  # the marker's tokens, as the model writes it alone
     rest: tuple[tuple[int, ...], ...]  # rest[k]: tokens for text[k:] (k bytes already out)
     pieces: Sequence[bytes]  # every token id's text (special tokens included)
+    #: The marker's id when it is one added token (Qwen3's ``</think>``): then only that
+    #: token ends thinking, as vLLM's reasoning parsers see it (``end_token_id``); the same
+    #: text spelled in pieces is thinking text.
+    token: int | None = None
 
     @cached_property
     def spills(self) -> tuple[tuple[int, ...], ...]:
         """spills[k]: tokens that, after an output ending with text[:k], complete the marker
         and carry text past it (k = 0: the whole marker inside one token, with text after
-        it). Built on first use, by the engine's mask fill (admission needs only ``ids``)."""
+        it). Built on first use, by the engine's mask fill (admission needs only ``ids``).
+        Empty for a one-token marker: no other token completes it."""
+        if self.token is not None:
+            return tuple(() for _ in self.text)
         return spill_ids(self.text, self.pieces)
 
 
@@ -45,7 +52,9 @@ def marker_for(vocab: Vocab, text: str) -> Marker:
             return tuple(encode(part.decode(errors="ignore"), add_special_tokens=False))
 
         rest = tuple(ids(raw[k:]) for k in range(len(raw)))
-        return Marker(raw, rest[0], rest, text_pieces(vocab))
+        added = vocab.hf_tokenizer.added_tokens_decoder
+        token = rest[0][0] if len(rest[0]) == 1 and rest[0][0] in added else None
+        return Marker(raw, rest[0], rest, text_pieces(vocab), token)
 
     return vocab._once(f"marker_{text}", build)
 

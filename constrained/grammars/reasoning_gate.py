@@ -1,9 +1,12 @@
 """Think first, then answer constrained: the reasoning gate, the top layer of a thinking
 request's grammar row.
 
-A request with ``reasoning_end`` decodes freely until its output's text contains the marker
-(e.g. Qwen3's ``</think>``, one special token; a vocabulary without it spells it in pieces);
-from the token after the one that completes it, its grammar applies. A token that would
+A request with ``reasoning_end`` decodes freely until its output writes the marker; from the
+token after the one that completes it, its grammar applies. A marker that is one added token
+(Qwen3's ``</think>``) is that token only, as vLLM's reasoning parsers see it
+(``end_token_id``): the same text spelled in pieces stays thinking, and forcing writes the
+token. Any other marker is text, matched across token boundaries (a vocabulary without
+``</think>`` spells it in pieces). A token that would
 complete it and carry more text (``>\\n\\n``, ``>{``) is banned while thinking: the answer is
 exactly what the grammar allowed. ``max_reasoning_tokens`` forces the marker (its tokens)
 once that many output tokens went by without it; finishing by ``max_tokens``
@@ -92,6 +95,9 @@ class ReasoningGate:
             self.forcing.pop(0)
         else:
             self.forcing = []
+        if self.marker.token is not None:  # one added token: only it ends thinking
+            self.open = token == self.marker.token
+            return self.open
         window = self.tail + self.marker.pieces[token]
         if text in window:
             self.open = True
