@@ -82,11 +82,15 @@ def judge(llm: Any, config: str, name: str, schema: Any, budget: int, seed: int)
     return {"outcome": outcome, "tokens": len(out.token_ids), "detail": detail}
 
 
-def timed_batch(llm: Any, config: str, names: list[str], schemas: dict, budget: int) -> dict:
+def timed_batch(
+    llm: Any, config: str, names: list[str], schemas: dict, budget: int, seed: int = 0
+) -> dict:
     """One batch: milliseconds per engine step (wall time over the longest output's tokens,
     one token per step) and output tokens per second. ``ours`` ends requests early, so its
-    batch thins out; ms/step is the fair per-step comparison."""
-    params = [params_for(config, schemas[n], budget, i) for i, n in enumerate(names)]
+    batch thins out; ms/step is the fair per-step comparison. Request ``i`` samples with
+    seed ``seed + i`` (each round its own: a round never replays an earlier one's outputs,
+    whose near rows the grammar's store of checks would already hold)."""
+    params = [params_for(config, schemas[n], budget, seed + i) for i, n in enumerate(names)]
     start = time.perf_counter()
     outs = llm.generate([prompt_for(n) for n in names], params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -117,6 +121,7 @@ def processor_cost(
 
     from constrained.grammars import GrammarSpec, compile_now, load_vocab
     from constrained.grammars.closing import find_witness
+    from constrained.grammars.closing_matcher import forget_shared_sorts
     from constrained.processors.grammar_mask import GrammarMaskProcessor
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size
@@ -143,6 +148,7 @@ def processor_cost(
         return SamplingParams(temperature=1.0, max_tokens=budgets[name], extra_args=extra)
 
     def one(closes: bool, seed: int) -> dict:
+        forget_shared_sorts()  # each round from a cold store: sharing within it only
         torch.manual_seed(seed)
         proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
         rows = [(n, []) for n in names]
@@ -217,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--same-schema", default=None,
+                        help="time one batch of --batch copies of this schema (a MaskBench "
+                        "file name, or three_fields) at the first budget; no judging")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -232,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         logits_processors=constrained.LOGITS_PROCESSORS,
         **engine_kwargs(),
     )
+    if args.same_schema is not None:
+        return same_schema(llm, model_dir, args, argv)
     names = draw(args.maskbench, args.schemas, args.seed)
     schemas = {n: load_schema(args.maskbench, n) for n in names}
     per_request: dict[str, dict[str, dict[str, dict]]] = {}
@@ -258,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rounds: dict[str, list[dict]] = {"ours": [], "ours_cut": []}
     timed_batch(llm, "ours_cut", admitted[:4], schemas, middle)  # warm-up
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for config in rounds:
-            rounds[config].append(timed_batch(llm, config, admitted, schemas, middle))
+            rounds[config].append(
+                timed_batch(llm, config, admitted, schemas, middle, seed=1000 * r)
+            )
     medians = {
         c: {k: statistics.median(r[k] for r in runs) for k in ("ms_per_step", "tokens_per_s")}
         for c, runs in rounds.items()
@@ -292,6 +306,49 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "budget_closing.json").write_text(json.dumps(record, indent=1) + "\n")
     plot(record, out / "budget_closing.png")
+    return 0
+
+
+def same_schema(llm: Any, model_dir: pathlib.Path, args: argparse.Namespace,
+                argv: list[str] | None) -> int:  # fmt: skip
+    """``--same-schema``: one batch of ``--batch`` requests with one schema (the case of a
+    service with one response format), ``ours`` and ``ours_cut`` alternated over
+    ``--rounds``; then the processor alone on the same batch."""
+    name = args.same_schema
+    if name == "three_fields":
+        from benchmarks.vllm_structured_step import THREE_FIELDS
+
+        schema = THREE_FIELDS
+    else:
+        schema = load_schema(args.maskbench, name)
+    budget, names, schemas = args.budgets[0], [name] * args.batch, {name: schema}
+    timed_batch(llm, "ours_cut", names[:4], schemas, budget)  # warm-up (compiles)
+    rounds: dict[str, list[dict]] = {"ours": [], "ours_cut": []}
+    for r in range(args.rounds):
+        for config in rounds:
+            rounds[config].append(timed_batch(llm, config, names, schemas, budget, 1000 * r))
+    medians = {
+        c: {k: statistics.median(x[k] for x in runs) for k in ("ms_per_step", "tokens_per_s")}
+        for c, runs in rounds.items()
+    }
+    cost = {"schema": name, "budget": budget, "batch": args.batch, "median": medians,
+            "rounds": rounds,
+            "step_ratio_ours_to_cut": medians["ours"]["ms_per_step"]
+            / medians["ours_cut"]["ms_per_step"],
+            "tokens_ratio_ours_to_cut": medians["ours"]["tokens_per_s"]
+            / medians["ours_cut"]["tokens_per_s"]}  # fmt: skip
+    print("cost", json.dumps(cost), flush=True)
+    llm.llm_engine.engine_core.shutdown()  # the processor alone, with the machine to itself
+    cost["processor"] = processor_cost(model_dir, names, schemas, 48, args.rounds, budget)
+    print("processor", json.dumps(cost["processor"]["ms_per_step"]), flush=True)
+    record = {
+        "command": "python -m benchmarks.budget_closing " + " ".join(argv or sys.argv[1:]),
+        "machine": machine_info(),
+        "cost": cost,
+    }
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "budget_closing_same_schema.json").write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

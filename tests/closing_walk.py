@@ -58,10 +58,11 @@ def closing_stack(compiled: Any, vocab: Any, limit: int) -> Any:
     builds it for a request that does not think first: the compiled grammar's matcher (its
     array checks included) under ``ClosingMatcher``, which starts from the root witness."""
     from constrained.grammars.closing import root_witness
-    from constrained.grammars.closing_matcher import ClosingMatcher
+    from constrained.grammars.closing_matcher import ClosingMatcher, shared_sorts
 
     root = root_witness(compiled, vocab)
-    return ClosingMatcher(compiled.matcher(), vocab, limit, [root] if root is not None else [])
+    hints = [root] if root is not None else []
+    return ClosingMatcher(compiled.matcher(), vocab, limit, hints, None, shared_sorts(compiled))
 
 
 def allowed(matcher: Any, bitmask: Any, row: int, width: int) -> Any:

@@ -268,6 +268,82 @@ def test_short_budget_keeps_every_digit(vocab):
     assert row[digits].all()
 
 
+def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(vocab):
+    """The far test's ``grow`` counts the root witness in bytes: spelt in tokens it is short
+    (``{"aside":true,"ref":"null"}``, 9), but the optional ``stamp`` opens a date-time
+    written a digit per token (about 20). Counted in tokens, ``stamp`` was let in while far
+    at budgets 20 to 36 and the output was cut; now every budget either keeps it out or
+    completes after it (found by the engine test at ``max_tokens`` 32)."""
+    from tests.closing_walk import allowed, closing_stack, judge, walk
+
+    properties = {
+        "stamp": {"type": "string", "format": "date-time"},
+        "aside": {"type": "boolean"},
+        "ref": {"type": "string", "pattern": "^[a-z]+$"},
+    }
+    schema = {"type": "object", "properties": properties, "required": ["aside", "ref"]}
+    compiled = compile_now(spec_for({"json_schema": json.dumps(schema)}), vocab)
+    path = vocab.hf_tokenizer.encode('{"stamp":"', add_special_tokens=False)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    rng, taken = random.Random(0), 0
+    for budget in range(10, 40, 2):
+        stack = closing_stack(compiled, vocab, budget)
+        for token in path:
+            if token not in allowed(stack, bitmask, 0, WIDTH).tolist():
+                break
+            assert stack.consume([token])
+        else:
+            taken += 1
+            done = walk(stack, vocab, bitmask, rng, budget - len(path))
+            assert done.ended == "eos", (budget, done.ended)
+            assert judge(path + done.tokens, vocab, schema) == "valid"
+    assert taken  # the largest budgets let it in
+
+
+def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch):
+    """The first request to check a near row checks it for the others at the same state
+    (``shared_sorts``): the second request's rows equal a lone request's, bit for bit, and
+    it sorts fewer rows itself (its rows inside the strings come from the store)."""
+    from constrained.grammars.closing_matcher import (
+        ClosingMatcher,
+        forget_shared_sorts,
+        shared_sorts,
+    )
+    from tests.closing_walk import allowed
+
+    forget_shared_sorts()
+    compiled = compile_now(spec_for({"json_schema": json.dumps(PERSON)}), vocab)
+    sorts = {"count": 0}
+    sort_tokens = ClosingMatcher._sort_tokens
+
+    def counted(self, *args):
+        sorts["count"] += 1
+        return sort_tokens(self, *args)
+
+    monkeypatch.setattr(ClosingMatcher, "_sort_tokens", counted)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    person = {"name": "Ada Lovelace", "age": 36, "tags": ["math", "poetry"],
+              "address": {"city": "London", "zip": "12345"}}  # fmt: skip
+    text = json.dumps(person, separators=(",", ":"))
+    path = vocab.hf_tokenizer.encode(text, add_special_tokens=False)
+    budget = len(path) + 4  # near from the start: most rows are checked
+
+    def rows(shared) -> tuple[list, int]:
+        before = sorts["count"]
+        stack = ClosingMatcher(compiled.matcher(), vocab, budget, [], None, shared)
+        seen = []
+        for token in path:
+            seen.append(allowed(stack, bitmask, 0, WIDTH).tolist())
+            assert stack.consume([token])
+        return seen, sorts["count"] - before
+
+    alone, sorted_alone = rows(None)
+    first, _ = rows(shared_sorts(compiled))
+    second, sorted_second = rows(shared_sorts(compiled))
+    assert first == alone and second == alone
+    assert sorted_alone > 0 and sorted_second < sorted_alone
+
+
 def test_qwen_xml_tool_calls_close_in_raw_text():
     """Qwen3.5's XML tool calls (vLLM's tag for ``tool_choice="required"``): parameter values
     are raw text, where ``</`` is the witness's first token inside a wide row whose class

@@ -128,16 +128,14 @@ def test_a_narrowed_row_is_never_empty(vocab, monkeypatch):
     history of checks, leaves ``"}}`` out although the matcher accepts it (a fresh matcher at
     the same state allows it): every allowed token was cleared and the row was empty. The
     closing layer keeps the witness's first token instead."""
-    from constrained.grammars import closing
     from tests.closing_walk import allowed
 
-    monkeypatch.setattr(closing, "SPELL", True)  # the walk that found it spelt witnesses
     path = MASKBENCH / "BFCL_parallel_multiple_56.json"
     if not path.exists():
         pytest.skip("MaskBench is not here")
     schema = json.loads(path.read_text())["schema"]
     compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab)
-    compiled.__dict__.pop("_root_witness", None)  # walked again, spelt (compiles are cached)
+    compiled.__dict__.pop("_root_witness", None)  # walked afresh (compiles are cached)
     monkeypatch.setattr(compiled, "_root_witness", False, raising=False)
     encode = vocab.hf_tokenizer.encode
     tokens = encode('{"time_zones.get_current_time":{"location":"/', add_special_tokens=False)

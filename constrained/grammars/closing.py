@@ -40,11 +40,6 @@ if TYPE_CHECKING:
 # budget is not (a constraint that needs more is refused at admission or left unclosed).
 MAX_WITNESS_TOKENS = 256
 ROOT_WITNESS_TOKENS = 256  # a root witness looks this far (admission's limit too)
-# Spell each walk's witness as the tokenizer writes it (``shortest_spelling``). Off: with it
-# on, needs shrink (a 3-field root witness 14 -> 8 tokens) but two engine tests failed (a
-# cut at max_tokens 32; a thinking request whose forced marker never came), not yet
-# understood.
-SPELL = False
 _NEVER = np.int32(1 << 30)  # rank of tokens a witness never uses (special, empty)
 _CLOSER = 10  # ranks up to this close a string, object or array
 _LOOKAHEAD = 128  # tokens tried for "can the string close after it" inside a string
@@ -130,8 +125,6 @@ def find_witness(
     to twice ``limit`` and still fit once spelt (``shortest_spelling``).
     """
     wanted = min(limit, MAX_WITNESS_TOKENS)
-    if not SPELL:
-        return _walk(matcher, vocab, wanted, scratch, plain_text, joins)
     path = _walk(
         matcher, vocab, min(2 * wanted + 4, MAX_WITNESS_TOKENS), scratch, plain_text, joins
     )

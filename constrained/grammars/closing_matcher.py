@@ -10,8 +10,9 @@ The row is left exactly as the layers below wrote it while no allowed token can 
 and narrowed to exactly its safe tokens otherwise:
 
 - **Far** (``left - 2 >= need + grow``): ``need`` is the current witness's length and
-  ``grow`` bounds how much one token raises it (``GROW``, raised to the largest rise any
-  exact check of this request has seen). Nothing is checked and nothing is cleared. The
+  ``grow`` bounds how much one token raises it (the root witness's length in bytes, at
+  least ``GROW``, raised to the largest rise any exact check of this request has seen).
+  Nothing is checked and nothing is cleared. The
   witness is followed for free while the output takes its tokens; otherwise its bound rises
   by ``grow`` per token until it must be refreshed (the old witness still completing is one
   ``try_consume``; else a walk).
@@ -27,6 +28,9 @@ and narrowed to exactly its safe tokens otherwise:
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
   row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again.
+  The same across requests of one grammar (``shared_sorts``): a row another request checked
+  with the same words and witness, and as much room or more, is taken from the grammar's
+  store (a batch with one schema checks the first row inside each string once).
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class): its shortest and longest member stand for it; a class where either
@@ -50,7 +54,10 @@ Example::
 from __future__ import annotations
 
 import logging
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -149,6 +156,54 @@ class Walks:
         self.failed: set[int] = set()
 
 
+@dataclass
+class Sort:
+    """A committed near row's checks: its allowed words and witness, the room it was
+    checked for, the kept tokens' and classes' suffixes, the cleared tokens."""
+
+    words: np.ndarray
+    witness: list[int]
+    left: int
+    safe: dict[int, list[int]]
+    by_class: dict[int, list[int]]
+    unsafe: list[int]
+    longest: int  # the longest kept suffix: while it fits, nothing needs checking again
+
+
+def new_sort(
+    words: np.ndarray,
+    witness: list[int],
+    left: int,
+    safe: dict[int, list[int]],
+    by_class: dict[int, list[int]],
+    unsafe: list[int],
+) -> Sort:
+    longest = max(max(map(len, safe.values()), default=0),
+                  max(map(len, by_class.values()), default=0))  # fmt: skip
+    return Sort(words, witness, left, safe, by_class, unsafe, longest)
+
+
+SHARED_SORTS = 128  # near rows' sorts kept per grammar
+
+
+_SHARED: weakref.WeakKeyDictionary[object, OrderedDict] = weakref.WeakKeyDictionary()
+
+
+def shared_sorts(grammar: object) -> OrderedDict:
+    """The near rows' sorts of every request of one compiled grammar (kept while it lives,
+    as its root witness): requests with one schema reach the same states (the first row
+    inside each string), and the first to check a row checks it for all."""
+    sorts = _SHARED.get(grammar)
+    if sorts is None:
+        sorts = _SHARED[grammar] = OrderedDict()
+    return sorts
+
+
+def forget_shared_sorts() -> None:
+    """Empty every grammar's store (benchmarks time each round from a cold store)."""
+    _SHARED.clear()
+
+
 class ClosingMatcher(MatcherWrapper):
     """The stack below (``inner``) plus the budget: every output completes by ``limit``."""
 
@@ -159,6 +214,7 @@ class ClosingMatcher(MatcherWrapper):
         limit: int,
         hints: Sequence[list[int]] = (),
         scratch: torch.Tensor | None = None,
+        shared: OrderedDict | None = None,
     ) -> None:
         super().__init__(inner)
         self.vocab = vocab
@@ -168,7 +224,11 @@ class ClosingMatcher(MatcherWrapper):
         self.count = 0  # tokens consumed through this layer (look-aheads included)
         # One token can open a structure as large as what the output needs from its start
         # (the root witness, the longest hint): checking begins that far from the budget.
-        self.grow = max(GROW, max((len(h) for h in hints), default=0))
+        # Counted in bytes, not tokens: a witness spelt in long tokens (``"aside":true``)
+        # is short, but a token can open text written a token per byte (a date-time's
+        # digits), so its token count would let such a token in while far.
+        pieces = vocab.token_bytes()
+        self.grow = max(GROW, max((sum(len(pieces[t]) for t in h) for h in hints), default=0))
         self.witness: list[int] | None = None  # a completion from the committed state
         self.need_bound = 1 << 30  # upper bound of the need while the witness is unknown
         self.safe: dict[int, list[int]] = {}  # last checked row: token -> its suffix
@@ -191,9 +251,10 @@ class ClosingMatcher(MatcherWrapper):
         self.recent_by_class: dict[int, list[int]] = {}
         self.learnt: list[list[int]] = []  # the last few of them, any token's, newest first
         self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
-        # The last committed near row: its allowed words, witness, and its sort (reused
-        # while the row stays the same: text inside a string).
-        self._last_sort: tuple | None = None
+        # The last committed near row's sort (reused while the row stays the same: text
+        # inside a string), and the grammar's, shared by its requests (``shared_sorts``).
+        self._last_sort: Sort | None = None
+        self.shared = shared
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -345,13 +406,19 @@ class ClosingMatcher(MatcherWrapper):
         if left - 2 >= len(witness) + self.grow:
             return
         words = bitmask[row].numpy().view(np.uint32)
-        sorted_ = self._sorted_again(words, witness, left) if committed else None
-        if sorted_ is None:
-            sorted_ = self._sort_tokens(bitmask, row, witness, left)
-        safe, by_class, unsafe = sorted_
+        sort, key = None, None
+        if committed:
+            sort = self._sorted_again(self._last_sort, words, witness, left)
+            if sort is None and self.shared is not None:
+                key = (tuple(witness), hash(words.tobytes()))
+                sort = self._sorted_again(self.shared.get(key), words, witness, left)
+        if sort is None:
+            sort = new_sort(words.copy() if committed else words, witness, left,
+                            *self._sort_tokens(bitmask, row, witness, left))  # fmt: skip
+        safe, by_class, unsafe = sort.safe, sort.by_class, sort.unsafe
         if committed:
             self.safe, self.by_class, self.narrowed = safe, by_class, bool(unsafe)
-            self._last_sort = (words.copy(), witness, safe, by_class, unsafe)
+            self._remember(sort, key)
         else:
             self.drafts[tuple(self.ahead)] = (safe, by_class)
         if unsafe:
@@ -383,30 +450,51 @@ class ClosingMatcher(MatcherWrapper):
             return len(witness) - len(ahead)
         return self.need_bound + self.grow * len(ahead)
 
+    def _remember(self, sort: Sort, key: tuple | None) -> None:
+        """Keep a committed near row's sort for the next rows of this request and, in the
+        grammar's store, for other requests (the one checked with more room stays: it
+        serves every request with as much room or less)."""
+        self.grow = max(self.grow, sort.longest - len(sort.witness))
+        self._last_sort = sort
+        shared = self.shared
+        if shared is None:
+            return
+        if key is None:
+            key = (tuple(sort.witness), hash(sort.words.tobytes()))
+        old = shared.get(key)
+        if old is None or old.left <= sort.left:
+            shared[key] = sort
+        shared.move_to_end(key)
+        if len(shared) > SHARED_SORTS:
+            shared.popitem(last=False)
+
     def _sorted_again(
-        self, words: np.ndarray, witness: list[int], left: int
-    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[int]] | None:
-        """The last committed row's sort, when this row allows the same tokens with the same
-        witness (the model wrote text the grammar's state does not count, as plain text
-        inside a free string): each kept suffix that no longer fits the one token less of
-        room is checked again, a class's by a sort of its own; ``None`` when the row differs."""
-        last = self._last_sort
-        if last is None or last[1] != witness or not np.array_equal(last[0], words):
+        self, last: Sort | None, words: np.ndarray, witness: list[int], left: int
+    ) -> Sort | None:
+        """An earlier sort (this request's last near row, or one of the grammar's store),
+        when this row allows the same tokens with the same witness, checked with as much
+        room or more (text the grammar's state does not count, as plain text inside a free
+        string; or another request at the same state): each kept suffix that no longer
+        fits is checked again, a class's by a sort of its own; ``None`` when it differs."""
+        if (
+            last is None
+            or last.left < left
+            or last.witness != witness
+            or not np.array_equal(last.words, words)
+        ):
             return None
-        _, _, safe, by_class, unsafe = last
         room = left - 2
-        if any(len(suffix) > room for suffix in by_class.values()):
+        if last.longest <= room:
+            return last
+        if any(len(suffix) > room for suffix in last.by_class.values()):
             return None
-        stale = [token for token, suffix in safe.items() if len(suffix) > room]
-        if not stale:
-            return safe, by_class, unsafe
-        safe, unsafe, walks = dict(safe), list(unsafe), Walks()
+        safe, unsafe, walks = dict(last.safe), list(last.unsafe), Walks()
         classes = token_classes(self.vocab)[0]
-        for token in stale:
+        for token in [token for token, suffix in safe.items() if len(suffix) > room]:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
                 unsafe.append(token)
-        return safe, by_class, unsafe
+        return new_sort(last.words, witness, left, safe, last.by_class, unsafe)
 
     def _sort_tokens(
         self, bitmask: torch.Tensor, row: int, witness: list[int], left: int

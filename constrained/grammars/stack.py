@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from constrained.grammars.closing import find_witness, root_witness
-from constrained.grammars.closing_matcher import ClosingMatcher
+from constrained.grammars.closing_matcher import ClosingMatcher, shared_sorts
 from constrained.grammars.matcher import Matcher, fill_only
 from constrained.grammars.reasoning_gate import GatedMatcher
 
@@ -111,7 +111,9 @@ class AnswerLayers:
             return matcher
         root = root_witness(grammar, self.vocab, self.scratch)  # walked once per grammar
         hints = [*self.hints, root] if root is not None else self.hints
-        self.closing = ClosingMatcher(matcher, self.vocab, self.limit, hints, self.scratch)
+        self.closing = ClosingMatcher(
+            matcher, self.vocab, self.limit, hints, self.scratch, shared_sorts(grammar)
+        )
         self.closing.spent = self.spent
         return self.closing
 
