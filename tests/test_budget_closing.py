@@ -344,6 +344,32 @@ def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch
     assert sorted_alone > 0 and sorted_second < sorted_alone
 
 
+def test_the_last_row_keeps_the_tokens_that_end_the_output_without_walking(vocab, monkeypatch):
+    """With room for one token and end-of-sequence (``left == 2``), a token must end the
+    output itself: each is checked once, with no walk (the row was the costliest of a
+    request: 147,000 string tokens, a walk each class); every kept token ends it, and
+    those that do are kept (``"`` and text then ``"``)."""
+    from constrained.grammars.closing_matcher import ClosingMatcher
+    from tests.closing_walk import allowed
+
+    compiled = compile_now(spec_for({"json_schema": json.dumps({"type": "string"})}), vocab)
+    encode = vocab.hf_tokenizer.encode
+    path, quote = encode('"abc', add_special_tokens=False), encode('"', add_special_tokens=False)
+    stack = ClosingMatcher(compiled.matcher(), vocab, len(path) + 2, [quote])  # the witness
+    assert stack.consume(path) and stack.left == 2
+    walks = []
+    walk = ClosingMatcher._walk
+    monkeypatch.setattr(ClosingMatcher, "_walk", lambda self, *a: walks.append(a) or walk(self, *a))
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    kept = allowed(stack, bitmask, 0, WIDTH).tolist()
+    assert not walks
+    text_quote = encode('x"', add_special_tokens=False)
+    assert len(quote) == 1 and quote[0] in kept
+    assert len(text_quote) > 1 or text_quote[0] in kept
+    assert all(completes(stack, [token]) for token in kept)
+    assert len(kept) < 20_000  # the string's text tokens that do not close it are cleared
+
+
 def test_qwen_xml_tool_calls_close_in_raw_text():
     """Qwen3.5's XML tool calls (vLLM's tag for ``tool_choice="required"``): parameter values
     are raw text, where ``</`` is the witness's first token inside a wide row whose class

@@ -34,8 +34,11 @@ and narrowed to exactly its safe tokens otherwise:
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class): its shortest and longest member stand for it; a class where either
-  fails is checked token by token (``CLASS_CHECKS`` of them; the rest are cleared). A
-  member taken on its class's word is not trusted as a witness: the next step checks it.
+  fails is checked token by token (``CLASS_CHECKS`` of them, none when both ends found
+  the known suffixes complete but too long: its members write the same text; the rest are
+  cleared). A member taken on its class's word is not trusted as a witness: the next step
+  checks it. With no room left after a token (``left == 2``) it must end the output
+  itself: one check, no suffix, no walk.
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -76,6 +79,8 @@ GROW = 8  # the least rise of the need one token is assumed to cause at most
 EXACT_MAX = 64  # rows allowing more tokens are checked per class
 WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs the masks it takes), for
 # tokens no known suffix completes after
+RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a key row:
+# its prefixes' walks fail first)
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
@@ -147,13 +152,15 @@ def _open_bytes(piece: bytes) -> int:
 
 
 class Walks:
-    """What one row may still walk: ``left`` masks (``WALK_TOKENS``), and the classes where
+    """What one row may still walk: ``left`` masks (``WALK_TOKENS``), the classes where
     a walk after a member found nothing in reach (their other members are not walked: a
-    UTF-8 lead byte fails as its neighbours do)."""
+    UTF-8 lead byte fails as its neighbours do), and whether the last check ended in a
+    walk that found nothing (``walked_out``)."""
 
     def __init__(self) -> None:
         self.left = WALK_TOKENS
         self.failed: set[int] = set()
+        self.walked_out = False
 
 
 @dataclass
@@ -183,7 +190,19 @@ def new_sort(
     return Sort(words, witness, left, safe, by_class, unsafe, longest)
 
 
-SHARED_SORTS = 128  # near rows' sorts kept per grammar
+SHARED_SORTS = 128  # near rows (words and witness) kept per grammar
+SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
+
+
+def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
+    """The sort checked with the least room at least ``left`` (the fewest to check again)."""
+    if not by_left:
+        return None
+    found = by_left.get(left)
+    if found is None:
+        more = [k for k in by_left if k > left]
+        found = by_left[min(more)] if more else None
+    return found
 
 
 _SHARED: weakref.WeakKeyDictionary[object, OrderedDict] = weakref.WeakKeyDictionary()
@@ -224,11 +243,13 @@ class ClosingMatcher(MatcherWrapper):
         self.count = 0  # tokens consumed through this layer (look-aheads included)
         # One token can open a structure as large as what the output needs from its start
         # (the root witness, the longest hint): checking begins that far from the budget.
-        # Counted in bytes, not tokens: a witness spelt in long tokens (``"aside":true``)
-        # is short, but a token can open text written a token per byte (a date-time's
-        # digits), so its token count would let such a token in while far.
+        self.grow = max(GROW, max((len(h) for h in hints), default=0))
+        # The same counted in bytes: a witness spelt in long tokens (``"aside":true``) is
+        # short, but one token can open text written a token per byte (a date-time's
+        # digits). Within it a narrow row loses the tokens a walk finds no end after
+        # (``_clear_risers``); only within ``grow`` is every row checked.
         pieces = vocab.token_bytes()
-        self.grow = max(GROW, max((sum(len(pieces[t]) for t in h) for h in hints), default=0))
+        self.reach = max(self.grow, max((sum(len(pieces[t]) for t in h) for h in hints), default=0))
         self.witness: list[int] | None = None  # a completion from the committed state
         self.need_bound = 1 << 30  # upper bound of the need while the witness is unknown
         self.safe: dict[int, list[int]] = {}  # last checked row: token -> its suffix
@@ -384,7 +405,7 @@ class ClosingMatcher(MatcherWrapper):
         if committed:
             self.narrowed = False
         left = self.left
-        if left - 2 >= self._bound() + self.grow:
+        if left - 2 >= self._bound() + self.reach:
             return  # far: no allowed token can be unsafe
         witness = self._known_witness()
         if witness is None and self.count < self.walk_after:
@@ -403,15 +424,18 @@ class ClosingMatcher(MatcherWrapper):
         if witness is None or len(witness) + 1 > left:
             self._warn(left, None if witness is None else len(witness) + 1)
             return  # no completion found in reach: the grammar's row, and a cut
-        if left - 2 >= len(witness) + self.grow:
+        if left - 2 >= len(witness) + self.reach:
             return
         words = bitmask[row].numpy().view(np.uint32)
+        if left - 2 >= len(witness) + self.grow:  # within reach, not near: risers only
+            self._clear_risers(bitmask, row, words, witness, left, committed)
+            return
         sort, key = None, None
         if committed:
             sort = self._sorted_again(self._last_sort, words, witness, left)
             if sort is None and self.shared is not None:
                 key = (tuple(witness), hash(words.tobytes()))
-                sort = self._sorted_again(self.shared.get(key), words, witness, left)
+                sort = self._sorted_again(nearest(self.shared.get(key), left), words, witness, left)
         if sort is None:
             sort = new_sort(words.copy() if committed else words, witness, left,
                             *self._sort_tokens(bitmask, row, witness, left))  # fmt: skip
@@ -426,6 +450,36 @@ class ClosingMatcher(MatcherWrapper):
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
             if witness and not words.any():
                 self._keep_witness(words, witness[0])
+
+    def _clear_risers(
+        self,
+        bitmask: torch.Tensor,
+        row: int,
+        words: np.ndarray,
+        witness: list[int],
+        left: int,
+        committed: bool,
+    ) -> None:
+        """A row within ``reach`` of the budget but not within ``grow``: a narrow row (a
+        key, a value's first token: where one token can open a long value) loses the tokens
+        after which a walk finds no completion in time (``WALK_TOKENS`` masks a row; a token
+        left unchecked stays); a wide row (text) is left as it is."""
+        keep = allowed_ids(bitmask[row], self.vocab.width)
+        keep[self.eos] = False
+        if np.count_nonzero(keep) > EXACT_MAX:
+            return
+        safe: dict[int, list[int]] = {}
+        walks, risers = Walks(), []
+        walks.left = RISER_WALK_TOKENS
+        tokens = np.flatnonzero(keep).tolist()
+        for token in tokens:
+            if self._check(token, witness, left, safe, walks) is None and walks.walked_out:
+                risers.append(token)
+        if committed:
+            self.safe = safe
+        if risers and len(risers) < len(tokens):
+            ids = np.asarray(risers, dtype=np.int64)
+            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
 
     def _keep_witness(self, words: np.ndarray, first: int) -> None:
         """A narrowed row left empty: the layers below did not allow the witness's first
@@ -452,8 +506,8 @@ class ClosingMatcher(MatcherWrapper):
 
     def _remember(self, sort: Sort, key: tuple | None) -> None:
         """Keep a committed near row's sort for the next rows of this request and, in the
-        grammar's store, for other requests (the one checked with more room stays: it
-        serves every request with as much room or less)."""
+        grammar's store, for other requests (by its words and witness, then its room: a
+        sort serves a request with as much room or less)."""
         self.grow = max(self.grow, sort.longest - len(sort.witness))
         self._last_sort = sort
         shared = self.shared
@@ -461,9 +515,12 @@ class ClosingMatcher(MatcherWrapper):
             return
         if key is None:
             key = (tuple(sort.witness), hash(sort.words.tobytes()))
-        old = shared.get(key)
-        if old is None or old.left <= sort.left:
-            shared[key] = sort
+        by_left = shared.get(key)
+        if by_left is None:
+            by_left = shared[key] = {}
+        by_left[sort.left] = sort
+        if len(by_left) > SHARED_LEFTS:
+            del by_left[min(by_left)]
         shared.move_to_end(key)
         if len(shared) > SHARED_SORTS:
             shared.popitem(last=False)
@@ -525,7 +582,8 @@ class ClosingMatcher(MatcherWrapper):
         firsts, lasts, named = ordered[starts], ordered[ends - 1], keys[starts]
         spans = zip(*(a.tolist() for a in (starts, ends, named, firsts, lasts)), strict=True)
         for begin, end, key, first, last in spans:
-            ends_ok = [self._check(t, witness, left, safe, walks, key) for t in {first, last}]
+            ends = {first, last}
+            ends_ok = [self._check(t, witness, left, safe, walks, key) for t in ends]
             if all(found is not None for found in ends_ok):  # they stand for the class
                 by_class[key] = max(ends_ok, key=len)  # type: ignore[arg-type]
                 continue
@@ -600,8 +658,15 @@ class ClosingMatcher(MatcherWrapper):
         from here would most likely find no shorter one (failed walks are most of a tight
         row's cost)."""
         room = left - 2
+        walks.walked_out = False
         if room < 0:
             return None
+        if room == 0:  # the token must end the output itself: no suffix fits, none to walk
+            return (
+                self._found(token, [], witness, safe, key, False)
+                if completes(self.inner, [token])
+                else None
+            )
         too_long = False
         for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room:
@@ -621,6 +686,7 @@ class ClosingMatcher(MatcherWrapper):
         if found is None:
             if key is not None:
                 walks.failed.add(key)
+            walks.walked_out = True
             return None
         return self._found(token, found, witness, safe, key, True)
 
