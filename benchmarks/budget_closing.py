@@ -215,6 +215,32 @@ def plot(record: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_same(record: dict, path: pathlib.Path) -> None:
+    """``--same-schema``: each round's ms per step and output tokens/s, closing on and off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = record["cost"]["rounds"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+    for ax, key, label in zip(axes, ("ms_per_step", "tokens_per_s"),
+                              ("ms per engine step", "output tokens/s"), strict=True):  # fmt: skip
+        for offset, (config, colour) in enumerate((("ours", "#2a9d8f"), ("ours_cut", "#adb5bd"))):
+            values = [r[key] for r in rounds[config]]
+            xs = [i + 0.4 * offset for i in range(len(values))]
+            ax.bar(xs, values, width=0.4, color=colour, label=config)
+        ax.set_xticks([i + 0.2 for i in range(len(rounds["ours"]))])
+        ax.set_xticklabels([f"round {i + 1}" for i in range(len(rounds["ours"]))])
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    cost = record["cost"]
+    fig.suptitle(f"{cost['schema']}: batch {cost['batch']}, max_tokens {cost['budget']}, "
+                 "closing on (ours) and off (ours_cut)")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--maskbench", type=pathlib.Path, default=DEFAULT_MASKBENCH)
@@ -349,6 +375,7 @@ def same_schema(llm: Any, model_dir: pathlib.Path, args: argparse.Namespace,
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "budget_closing_same_schema.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot_same(record, out / "budget_closing_same_schema.png")
     return 0
 
 

@@ -9,13 +9,17 @@ where ``d(t)`` is the length of a completion found from the state after ``t`` (a
 The row is left exactly as the layers below wrote it while no allowed token can be unsafe,
 and narrowed to exactly its safe tokens otherwise:
 
-- **Far** (``left - 2 >= need + grow``): ``need`` is the current witness's length and
-  ``grow`` bounds how much one token raises it (the root witness's length in bytes, at
-  least ``GROW``, raised to the largest rise any exact check of this request has seen).
-  Nothing is checked and nothing is cleared. The
-  witness is followed for free while the output takes its tokens; otherwise its bound rises
-  by ``grow`` per token until it must be refreshed (the old witness still completing is one
+- **Far** (``left - 2 >= need + reach``): ``need`` is the current witness's length and
+  ``grow`` bounds how much one token raises it (the root witness's length in tokens, at
+  least ``GROW``, raised to the largest rise any exact check of this request has seen);
+  ``reach`` is the same in bytes (one token can open text written a token per byte: a
+  date-time's digits). Nothing is checked and nothing is cleared. The witness is followed
+  for free while the output takes its tokens; otherwise its bound rises by ``grow`` per
+  token until it must be refreshed (the old witness still completing is one
   ``try_consume``; else a walk).
+- **Within reach** (``need + grow <= left - 2 < need + reach``): a narrow row (a key, a
+  value's first token) loses the tokens after which a walk finds no completion in time
+  (``_clear_risers``); a wide row (text) is left as it is.
 - **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
   its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
   request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
