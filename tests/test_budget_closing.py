@@ -269,7 +269,7 @@ def test_short_budget_keeps_every_digit(vocab):
 
 
 def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(vocab):
-    """The far test's ``grow`` counts the root witness in bytes: spelt in tokens it is short
+    """Closing's ``reach`` counts the root witness in bytes: spelt in tokens it is short
     (``{"aside":true,"ref":"null"}``, 9), but the optional ``stamp`` opens a date-time
     written a digit per token (about 20). Counted in tokens, ``stamp`` was let in while far
     at budgets 20 to 36 and the output was cut; now every budget either keeps it out or
@@ -342,6 +342,10 @@ def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch
     second, sorted_second = rows(shared_sorts(compiled))
     assert first == alone and second == alone
     assert sorted_alone > 0 and sorted_second < sorted_alone
+    # Array checks make a row depend on the items seen: equal rows are not equal states.
+    unique = {"type": "array", "items": {"enum": [1, 2, 3]}, "uniqueItems": True}
+    checked = compile_now(spec_for({"json_schema": json.dumps(unique)}), vocab)
+    assert checked.history and shared_sorts(checked) is None
 
 
 def test_the_last_row_keeps_the_tokens_that_end_the_output_without_walking(vocab, monkeypatch):

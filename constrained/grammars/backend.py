@@ -24,6 +24,10 @@ class CompiledGrammar(Protocol):
     """A checked grammar of one backend; each request gets its own ``matcher()``."""
 
     backend: str
+    #: Whether a matcher's rows depend on more than the grammar's state (the items an array
+    #: saw: ``checked_matcher.CheckedGrammar``); then closing's checks of a row are not
+    #: shared between requests (``closing_matcher.shared_sorts``).
+    history: bool
 
     def matcher(self) -> Matcher: ...
 

@@ -97,6 +97,10 @@ def reach_of(vocab: Vocab) -> TokenReach:
 class CheckedGrammar:
     """A backend's compiled grammar (``inner``) and the checks its schema lost (``plan``)."""
 
+    #: A row depends on the items seen (``uniqueItems``, ``contains``), not only on the
+    #: grammar's state: requests do not share closing's checks (``backend.CompiledGrammar``).
+    history = True
+
     def __init__(self, inner: CompiledGrammar, plan: CheckPlan, vocab: Vocab) -> None:
         self.inner = inner
         self.plan = plan

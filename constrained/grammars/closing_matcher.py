@@ -65,7 +65,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -158,13 +158,14 @@ def _open_bytes(piece: bytes) -> int:
 class Walks:
     """What one row may still walk: ``left`` masks (``WALK_TOKENS``), the classes where
     a walk after a member found nothing in reach (their other members are not walked: a
-    UTF-8 lead byte fails as its neighbours do), and whether the last check ended in a
-    walk that found nothing (``walked_out``)."""
+    UTF-8 lead byte fails as its neighbours do), and whether the last check found its
+    token cannot end in time (``no_end``: a known suffix completes but is too long, or its
+    walk found nothing; not a check cut short by the walk budget)."""
 
     def __init__(self) -> None:
         self.left = WALK_TOKENS
         self.failed: set[int] = set()
-        self.walked_out = False
+        self.no_end = False
 
 
 @dataclass
@@ -209,16 +210,27 @@ def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
     return found
 
 
-_SHARED: weakref.WeakKeyDictionary[object, OrderedDict] = weakref.WeakKeyDictionary()
+SHARED_GRAMMARS = 16  # grammars whose stores are kept (the most recently used)
+_SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
 
 
-def shared_sorts(grammar: object) -> OrderedDict:
+def shared_sorts(grammar: Any) -> OrderedDict | None:
     """The near rows' sorts of every request of one compiled grammar (kept while it lives,
-    as its root witness): requests with one schema reach the same states (the first row
-    inside each string), and the first to check a row checks it for all."""
-    sorts = _SHARED.get(grammar)
+    for the last ``SHARED_GRAMMARS`` grammars used): requests with one schema reach the
+    same states (the first row inside each string), and the first to check a row checks
+    it for all. ``None`` for a grammar whose rows depend on a request's history
+    (``history``: the items an array saw), where equal rows are not equal states."""
+    if grammar.history:
+        return None
+    key = id(grammar)
+    sorts = _SHARED.get(key)
     if sorts is None:
-        sorts = _SHARED[grammar] = OrderedDict()
+        sorts = _SHARED[key] = OrderedDict()
+        weakref.finalize(grammar, _SHARED.pop, key, None)  # its id may be reused after
+        while len(_SHARED) > SHARED_GRAMMARS:
+            _SHARED.popitem(last=False)
+    else:
+        _SHARED.move_to_end(key)
     return sorts
 
 
@@ -265,7 +277,7 @@ class ClosingMatcher(MatcherWrapper):
         self.candidates: list[list[int]] = sorted(hints, key=len)
         self.hints = self.candidates  # kept: a resumed output may be replayed in one step
         self.ahead: list[int] = []  # look-ahead tokens past the committed state
-        self.narrowed = False  # the last committed row was narrowed
+        self.narrowed = False  # the last committed near row was narrowed (not by risers)
         self.warned = False
         self.walk_after = 0  # no walk before this count (the last one found nothing)
         # The last suffix other than the witness's that completed after a token, and after a
@@ -466,8 +478,9 @@ class ClosingMatcher(MatcherWrapper):
     ) -> None:
         """A row within ``reach`` of the budget but not within ``grow``: a narrow row (a
         key, a value's first token: where one token can open a long value) loses the tokens
-        after which a walk finds no completion in time (``WALK_TOKENS`` masks a row; a token
-        left unchecked stays); a wide row (text) is left as it is."""
+        after which no completion fits (a known suffix too long, or a walk that finds none
+        in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
+        (text) is left as it is."""
         keep = allowed_ids(bitmask[row], self.vocab.width)
         keep[self.eos] = False
         if np.count_nonzero(keep) > EXACT_MAX:
@@ -477,7 +490,7 @@ class ClosingMatcher(MatcherWrapper):
         walks.left = RISER_WALK_TOKENS
         tokens = np.flatnonzero(keep).tolist()
         for token in tokens:
-            if self._check(token, witness, left, safe, walks) is None and walks.walked_out:
+            if self._check(token, witness, left, safe, walks) is None and walks.no_end:
                 risers.append(token)
         if committed:
             self.safe = safe
@@ -513,6 +526,7 @@ class ClosingMatcher(MatcherWrapper):
         grammar's store, for other requests (by its words and witness, then its room: a
         sort serves a request with as much room or less)."""
         self.grow = max(self.grow, sort.longest - len(sort.witness))
+        self.reach = max(self.reach, self.grow)
         self._last_sort = sort
         shared = self.shared
         if shared is None:
@@ -522,6 +536,8 @@ class ClosingMatcher(MatcherWrapper):
         by_left = shared.get(key)
         if by_left is None:
             by_left = shared[key] = {}
+        elif by_left:  # equal words (compared on every hit): one array for all of them
+            sort.words = next(iter(by_left.values())).words
         by_left[sort.left] = sort
         if len(by_left) > SHARED_LEFTS:
             del by_left[min(by_left)]
@@ -662,7 +678,7 @@ class ClosingMatcher(MatcherWrapper):
         from here would most likely find no shorter one (failed walks are most of a tight
         row's cost)."""
         room = left - 2
-        walks.walked_out = False
+        walks.no_end = False
         if room < 0:
             return None
         if room == 0:  # the token must end the output itself: no suffix fits, none to walk
@@ -679,6 +695,7 @@ class ClosingMatcher(MatcherWrapper):
             elif not too_long:
                 too_long = completes(self.inner, [token, *suffix])
         if too_long or walks.left <= 0 or key in walks.failed:
+            walks.no_end = too_long
             return None
         if self.inner.try_consume([token]) != 1:
             return None
@@ -690,7 +707,7 @@ class ClosingMatcher(MatcherWrapper):
         if found is None:
             if key is not None:
                 walks.failed.add(key)
-            walks.walked_out = True
+            walks.no_end = True
             return None
         return self._found(token, found, witness, safe, key, True)
 
@@ -731,6 +748,7 @@ class ClosingMatcher(MatcherWrapper):
         walking."""
         safe[token] = list(suffix)
         self.grow = max(self.grow, len(suffix) - len(witness))
+        self.reach = max(self.reach, self.grow)
         if learnt:
             self.recent[token] = safe[token]
             if key is not None:

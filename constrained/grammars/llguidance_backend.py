@@ -59,6 +59,7 @@ class LLGuidanceGrammar:
     """A checked llguidance grammar text; matchers are built from it per request."""
 
     backend = NAME
+    history = False  # rows are the grammar state's (backend.CompiledGrammar)
 
     def __init__(self, text: str, vocab: Vocab) -> None:
         self.vocab = vocab

@@ -98,6 +98,7 @@ def schema_regex(spec: GrammarSpec) -> str:
 
 class OutlinesGrammar:
     backend = NAME
+    history = False  # rows are the grammar state's (backend.CompiledGrammar)
 
     def __init__(self, spec: GrammarSpec | None, vocab: Vocab, index: Any = None) -> None:
         from outlines_core import Index

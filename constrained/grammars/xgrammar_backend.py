@@ -71,6 +71,7 @@ RULES = AllowList(
 
 class XGrammarGrammar:
     backend = NAME
+    history = False  # rows are the grammar state's (backend.CompiledGrammar)
 
     def __init__(
         self,
