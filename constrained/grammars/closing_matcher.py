@@ -195,8 +195,9 @@ def new_sort(
     return Sort(words, witness, left, safe, by_class, unsafe, longest)
 
 
-SHARED_SORTS = 128  # near rows (words and witness) kept per grammar
-SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
+SHARED_SORTS = 32  # near rows (words and witness) kept per grammar (memory: a sort holds
+# its checked suffixes; the soak test bounds what a served round may add)
+SHARED_LEFTS = 2  # ... each with its sorts at this many rooms
 
 
 def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
@@ -210,7 +211,7 @@ def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
     return found
 
 
-SHARED_GRAMMARS = 16  # grammars whose stores are kept (the most recently used)
+SHARED_GRAMMARS = 2  # grammars whose stores are kept (the most recently used)
 _SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
 
 
