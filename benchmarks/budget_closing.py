@@ -215,6 +215,13 @@ def plot(record: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def save(record: dict, out: pathlib.Path, stem: str, draw: Any) -> None:
+    """``record`` as ``out/stem.json`` and its plot as ``out/stem.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    draw(record, out / f"{stem}.png")
+
+
 def plot_same(record: dict, path: pathlib.Path) -> None:
     """``--same-schema``: each round's ms per step and output tokens/s, closing on and off."""
     import matplotlib
@@ -328,10 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "cost": cost,
         "per_request": per_request,
     }
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "budget_closing.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot(record, out / "budget_closing.png")
+    save(record, pathlib.Path(args.out), "budget_closing", plot)
     return 0
 
 
@@ -372,10 +376,7 @@ def same_schema(llm: Any, model_dir: pathlib.Path, args: argparse.Namespace,
         "machine": machine_info(),
         "cost": cost,
     }
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "budget_closing_same_schema.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot_same(record, out / "budget_closing_same_schema.png")
+    save(record, pathlib.Path(args.out), "budget_closing_same_schema", plot_same)
     return 0
 
 
