@@ -55,14 +55,11 @@ class Rows:
 
 def closing_stack(compiled: Any, vocab: Any, limit: int) -> Any:
     """A row's stack with closing on at ``max_tokens = limit``, as ``stack.build_stack``
-    builds it for a request that does not think first: the compiled grammar's matcher (its
-    array checks included) under ``ClosingMatcher``, which starts from the root witness."""
-    from constrained.grammars.closing import root_witness
-    from constrained.grammars.closing_matcher import ClosingMatcher, shared_sorts
+    builds it for a request that does not think first (``closing_layer``: the compiled
+    grammar's matcher, its array checks included, under ``ClosingMatcher``)."""
+    from constrained.grammars.closing_matcher import closing_layer
 
-    root = root_witness(compiled, vocab)
-    hints = [root] if root is not None else []
-    return ClosingMatcher(compiled.matcher(), vocab, limit, hints, None, shared_sorts(compiled))
+    return closing_layer(compiled, vocab, limit)
 
 
 def allowed(matcher: Any, bitmask: Any, row: int, width: int) -> Any:

@@ -406,3 +406,54 @@ def test_qwen_xml_tool_calls_close_in_raw_text():
             output.append(token)
             assert closing.consume([token])
         assert completes(grammar.matcher(), output)
+
+
+def test_an_optional_value_longer_than_the_root_witness_is_kept_out_when_it_cannot_fit(vocab):
+    """The known cut of ``reach``: the root ``{"a":true}`` is 10 bytes, but the optional
+    ``stamp`` opens a date-time of about 22 tokens. A grammar's rise (``root_rise``: the most
+    a token of a narrow row along the root witness raised the need, walked once per grammar)
+    widens ``reach``, so ``stamp`` is kept out at every budget it cannot finish in."""
+    from tests.closing_walk import allowed, closing_stack, judge, walk
+
+    properties = {
+        "stamp": {"type": "string", "format": "date-time"},
+        "a": {"type": "boolean"},
+    }
+    schema = {"type": "object", "properties": properties, "required": ["a"]}
+    compiled = compile_now(spec_for({"json_schema": json.dumps(schema)}), vocab)
+    path = vocab.hf_tokenizer.encode('{"stamp":"', add_special_tokens=False)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    rng, taken, kept_out = random.Random(0), 0, 0
+    for budget in range(12, 48, 2):
+        stack = closing_stack(compiled, vocab, budget)
+        for token in path:
+            if token not in allowed(stack, bitmask, 0, WIDTH).tolist():
+                kept_out += 1
+                break
+            assert stack.consume([token])
+        else:
+            taken += 1
+            done = walk(stack, vocab, bitmask, rng, budget - len(path))
+            assert done.ended == "eos", (budget, done.ended)
+            assert judge(path + done.tokens, vocab, schema) == "valid"
+    assert taken and kept_out  # the largest budgets let it in, the least keep it out
+
+
+def test_a_rollback_past_the_committed_state_forgets_the_draft_rows_checks(vocab):
+    """Draft rows' checks are kept by their look-ahead tokens since the last commit; once
+    committed tokens are rolled back, the same look-ahead starts from another state, so
+    what was checked there must not be taken for it."""
+    from tests.closing_walk import allowed, closing_stack
+
+    compiled = compile_now(spec_for({"json_schema": json.dumps(PERSON)}), vocab)
+    path = vocab.hf_tokenizer.encode('{"name":"Ada', add_special_tokens=False)
+    stack = closing_stack(compiled, vocab, len(path) + 24)  # near: every row is checked
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    assert stack.consume(path[:-2])
+    assert stack.try_consume(path[-2:-1]) == 1
+    allowed(stack, bitmask, 0, WIDTH)  # a draft row, checked after the look-ahead
+    assert stack.drafts
+    stack.rollback(2)  # the look-ahead and a committed token
+    assert stack.drafts == {}
+    assert stack.consume(path[-3:])  # and it follows the output again from there
+    assert allowed(stack, bitmask, 0, WIDTH).size

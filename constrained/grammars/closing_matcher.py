@@ -13,10 +13,11 @@ and narrowed to exactly its safe tokens otherwise:
   ``grow`` bounds how much one token raises it (the root witness's length in tokens, at
   least ``GROW``, raised to the largest rise any exact check of this request has seen);
   ``reach`` is the same in bytes (one token can open text written a token per byte: a
-  date-time's digits). Nothing is checked and nothing is cleared. The witness is followed
-  for free while the output takes its tokens; otherwise its bound rises by ``grow`` per
-  token until it must be refreshed (the old witness still completing is one
-  ``try_consume``; else a walk).
+  date-time's digits), at least the grammar's rise (``root_rise``: an optional key whose
+  value is longer than the whole root witness). Nothing is checked and nothing is
+  cleared. The witness is followed for free while the output takes its tokens; otherwise
+  its bound rises by ``grow`` per token until it must be refreshed (the old witness still
+  completing is one ``try_consume``; else a walk).
 - **Within reach** (``need + grow <= left - 2 < need + reach``): a narrow row (a key, a
   value's first token) loses the tokens after which a walk finds no completion in time
   (``_clear_risers``); a wide row (text) is left as it is.
@@ -53,7 +54,7 @@ runs on with the grammar's own row and is cut at ``max_tokens`` (``length``, nev
 
 Example::
 
-    stack = ClosingMatcher(compiled.matcher(), vocab, limit=params.max_tokens)
+    stack = closing_layer(grammar, vocab, limit=params.max_tokens)
     stack.consume(new_tokens)
     stack.fill(bitmask, row)   # the grammar's row, narrowed only near the budget
 """
@@ -69,7 +70,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.closing import allowed_ids, completes, find_witness, literal_tokens
+from constrained.grammars.closing import (
+    allowed_ids,
+    completes,
+    find_witness,
+    literal_tokens,
+    root_witness,
+)
 from constrained.grammars.matcher import Matcher, MatcherWrapper, words_for
 
 if TYPE_CHECKING:
@@ -88,6 +95,8 @@ RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
+RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
+RISE_WALK_TOKENS = 96  # ... and one walk of it
 _PLAIN = np.ones(256, dtype=bool)
 _PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
 
@@ -240,6 +249,71 @@ def forget_shared_sorts() -> None:
     _SHARED.clear()
 
 
+def root_rise(grammar: Any, vocab: Vocab, scratch: torch.Tensor | None = None) -> int:
+    """The most one token of a narrow row along a grammar's root witness raises the need
+    (tokens; 0 when none does), walked once per grammar object and kept on it.
+
+    At each state the root witness passes through, every token of a narrow row (at most
+    ``EXACT_MAX`` allowed: keys, a value's first token) that the witness's rest does not
+    complete after is walked from: ``1 + len(walk) - len(rest)``. It finds what the root
+    witness's length cannot: an optional key that opens a value longer than the whole
+    witness (``{"a":true}`` is 10 bytes; after ``{"stamp":"`` a date-time needs about 22
+    tokens). ``ClosingMatcher`` widens ``reach`` to it, so such a key is kept out while it
+    cannot finish. Bounded by ``RISE_PROBE_MASKS`` masks; a walk that finds nothing in
+    ``RISE_WALK_TOKENS`` adds nothing (``grow`` still adapts to rises seen later).
+    """
+    cached = grammar.__dict__.get("_root_rise")
+    if cached is not None:
+        return cached
+    rise = 0
+    witness = root_witness(grammar, vocab, scratch)
+    if witness:
+        if scratch is None:
+            import torch
+
+            scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+        matcher, masks = grammar.matcher(), RISE_PROBE_MASKS
+        for index, next_token in enumerate(witness):
+            rest = witness[index + 1 :]
+            matcher.fill(scratch, 0)
+            keep = allowed_ids(scratch[0], vocab.width)
+            keep[vocab.eos_token_id] = False
+            tokens = np.flatnonzero(keep).tolist()
+            for token in tokens if len(tokens) <= EXACT_MAX else ():
+                if masks <= 0:
+                    break
+                if token == next_token or completes(matcher, [token, *rest]):
+                    continue
+                taken = matcher.try_consume([token])
+                limit = min(RISE_WALK_TOKENS, masks)
+                walk = find_witness(matcher, vocab, limit, scratch, joins=[rest]) if taken else None
+                matcher.rollback(taken)
+                masks -= limit if walk is None else len(walk) + 1
+                if walk is not None:
+                    rise = max(rise, 1 + len(walk) - len(rest))
+            if not matcher.consume([next_token]):
+                break
+    grammar._root_rise = rise
+    return rise
+
+
+def closing_layer(
+    grammar: Any,
+    vocab: Vocab,
+    limit: int,
+    hints: Sequence[list[int]] = (),
+    scratch: torch.Tensor | None = None,
+) -> ClosingMatcher:
+    """A request's closing layer over a new matcher of ``grammar``: it starts from the root
+    witness (with ``hints``, a preempted run's completions), reaches as far as the
+    grammar's rise (``root_rise``) and shares the grammar's store of near rows."""
+    root = root_witness(grammar, vocab, scratch)  # walked once per grammar
+    hints = [*hints, root] if root is not None else list(hints)
+    closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, shared_sorts(grammar))
+    closing.reach = max(closing.reach, root_rise(grammar, vocab, scratch))
+    return closing
+
+
 class ClosingMatcher(MatcherWrapper):
     """The stack below (``inner``) plus the budget: every output completes by ``limit``."""
 
@@ -326,7 +400,7 @@ class ClosingMatcher(MatcherWrapper):
             del self.ahead[len(self.ahead) - num_tokens :]
         else:  # committed tokens undone: what was known of the state is gone
             self.ahead, self.witness, self.safe, self.by_class = [], None, {}, {}
-            self.candidates, self._last_sort = [], None
+            self.candidates, self._last_sort, self.drafts = [], None, {}  # drafts: old states
             self.need_bound = 1 << 30
 
     def _follow(self, new: list[int]) -> None:

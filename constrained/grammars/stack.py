@@ -33,8 +33,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from constrained.grammars.closing import find_witness, root_witness
-from constrained.grammars.closing_matcher import ClosingMatcher, shared_sorts
+from constrained.grammars.closing import find_witness
+from constrained.grammars.closing_matcher import ClosingMatcher, closing_layer
 from constrained.grammars.matcher import Matcher, fill_only
 from constrained.grammars.reasoning_gate import GatedMatcher
 
@@ -106,14 +106,9 @@ class AnswerLayers:
 
     def _build(self) -> Matcher:
         grammar = self.compiled.result()
-        matcher = grammar.matcher()
         if self.limit is None:
-            return matcher
-        root = root_witness(grammar, self.vocab, self.scratch)  # walked once per grammar
-        hints = [*self.hints, root] if root is not None else self.hints
-        self.closing = ClosingMatcher(
-            matcher, self.vocab, self.limit, hints, self.scratch, shared_sorts(grammar)
-        )
+            return grammar.matcher()
+        self.closing = closing_layer(grammar, self.vocab, self.limit, self.hints, self.scratch)
         self.closing.spent = self.spent
         return self.closing
 
