@@ -24,6 +24,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
 | ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | typical-p / top-n-sigma Triton kernels: 1 on, 0 off |
+| ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Settings:
     # wherever Triton compiles (V2, V1 on CUDA), not under Triton's CPU interpreter, where
     # their histogram passes take about a second per 151,936-wide row; True / False force.
     truncation_kernels: bool | None = None
+    # C kernels compiled at first use for host hot paths (processors/host_kernels.py; typical-p
+    # under V1 on CPU); False: their torch / NumPy paths.
+    host_kernels: bool = True
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -100,6 +104,7 @@ def _from_environment() -> Settings:
         == "refuse",
         entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
         truncation_kernels=_switch("CONSTRAINED_TRUNCATION_KERNELS", None),
+        host_kernels=_switch("CONSTRAINED_HOST_KERNELS", defaults.host_kernels),
     )
 
 

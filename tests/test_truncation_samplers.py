@@ -15,7 +15,16 @@ from constrained import Options
 from constrained.options import OptionError
 from constrained.processors.top_n_sigma import TopNSigmaProcessor
 from constrained.processors.truncation import HostRowsMask, TensorMask
-from constrained.processors.truncation_math import typical_bounds, uniform_hash
+from constrained.processors.truncation_math import (
+    Scratch,
+    host_kernel,
+    mask_outside_rows,
+    mask_outside_rows_native,
+    typical_bounds,
+    typical_bounds_native,
+    typical_bounds_on_host,
+    uniform_hash,
+)
 from constrained.processors.typical_p import TypicalPProcessor
 from constrained.processors.xtc import XtcProcessor, _seed32
 from tests.simulate import Request, V1Batch, fake_vllm_config
@@ -23,6 +32,18 @@ from tests.simulate import Request, V1Batch, fake_vllm_config
 VOCAB = 257
 CAPACITY = 12
 NEAR = 1e-4  # a token this close to a boundary may fall either side (float32 vs float64)
+
+
+class HostRowsMaskNumpy(HostRowsMask):
+    """``HostRowsMask`` where no C kernel compiled (or ``CONSTRAINED_HOST_KERNELS=0``): the
+    torch / NumPy bounds and ``threshold_`` mask."""
+
+    def __init__(self, processor) -> None:
+        super().__init__(processor)
+        processor.host_kernel = None
+
+
+STRATEGIES = [HostRowsMask, HostRowsMaskNumpy, TensorMask]
 
 
 # ---- references: one request, float64, straight from the definitions ---------------------
@@ -150,7 +171,7 @@ def random_logits(rows: int, rng: random.Random) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("strategy", [HostRowsMask, TensorMask])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_v1_random_batches_match_reference(seed: int, strategy: type) -> None:
     rng = random.Random(seed)
@@ -199,8 +220,9 @@ def test_v1_random_batches_match_reference(seed: int, strategy: type) -> None:
 
 
 def test_typical_p_on_a_full_vocabulary_matches_the_sorting_reference() -> None:
-    """Vocabulary-sized rows, both strategies (the tensor histogram search, the host search
-    that sorts the crossing bucket) against the float64 reference that sorts everything."""
+    """Vocabulary-sized rows, every strategy (the tensor histogram search, the host search
+    that sorts the crossing bucket, in C and in NumPy) against the float64 reference that
+    sorts everything."""
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
     torch.manual_seed(5)
@@ -214,7 +236,7 @@ def test_typical_p_on_a_full_vocabulary_matches_the_sorting_reference() -> None:
         (i, SamplingParams(temperature=1.0, extra_args={"typical_p": p}), [1], [])
         for i, p in enumerate(masses)
     ]
-    for strategy in (HostRowsMask, TensorMask):
+    for strategy in STRATEGIES:
         proc = TypicalPProcessor(cfg, torch.device("cpu"), False)
         proc.mask = strategy(proc)
         proc.update_state(BatchUpdate(batch_size=len(masses), removed=[], added=added, moved=[]))
@@ -326,3 +348,67 @@ def typical_rows() -> torch.Tensor:
     logits[9] = -math.inf
     logits[9, 7] = 1.0
     return logits
+
+
+def test_the_host_kernels_compile_here() -> None:
+    """CI's machine, like vLLM's CPU deployments, has a C compiler: the C paths are the ones
+    V1 on CPU runs, so the tests above must run them (not fall back unseen)."""
+    assert host_kernel() is not None
+    proc = TypicalPProcessor(fake_vllm_config(4, VOCAB), torch.device("cpu"), False)
+    assert isinstance(proc.mask, HostRowsMask) and proc.host_kernel is not None
+
+
+def test_without_a_compiler_or_switched_off_the_host_kernels_are_not_used(monkeypatch) -> None:
+    from constrained.processors import host_kernels
+    from constrained.settings import reset
+
+    host_kernels.load.cache_clear()
+    monkeypatch.setattr(host_kernels, "compiler", lambda: None)
+    assert host_kernel() is None
+    host_kernels.load.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("CONSTRAINED_HOST_KERNELS", "0")
+    reset()
+    try:
+        assert host_kernel() is None
+        proc = TypicalPProcessor(fake_vllm_config(4, VOCAB), torch.device("cpu"), False)
+        assert proc.host_kernel is None  # and it runs the NumPy search (the tests above)
+    finally:
+        monkeypatch.delenv("CONSTRAINED_HOST_KERNELS")
+        reset()
+        host_kernels.load.cache_clear()
+
+
+def test_the_host_kernels_agree_with_the_numpy_search_and_mask() -> None:
+    """The C search keeps the tokens the NumPy search keeps, but for ties with the boundary
+    (a sum's last bits: within ``NEAR`` of it); the C mask equals ``threshold_``'s, bit for
+    bit, on every row shape the engine sends (peaked, flat, masked, one token, ties)."""
+    kernel = host_kernel()
+    torch.manual_seed(3)
+    width = 151_936
+    logits = torch.randn(12, width) * torch.tensor([0.3, 1, 2, 4, 8, 1, 2, 3, 1, 1, 2, 6])[:, None]
+    logits[:, :20] += torch.linspace(15, 1, 20)
+    logits[2, ::2] = -math.inf
+    logits[5] = 0.5  # all ties
+    logits[6] = -math.inf
+    logits[6, 11] = 3.0  # one token
+    logits[7, : width // 2] = -math.inf
+    mass = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999, 0.2, 0.6, 0.8, 0.9])
+    low_c, high_c = typical_bounds_native(logits, mass, Scratch(), kernel)
+    blocks = [typical_bounds_on_host(logits[r : r + 4], mass[r : r + 4], Scratch())
+              for r in range(0, 12, 4)]  # fmt: skip
+    low_n, high_n = torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks])
+    for r in range(12):
+        row = logits[r]
+        ours = (row >= low_c[r]) & (row <= high_c[r]) & (row > -math.inf)
+        theirs = (row >= low_n[r]) & (row <= high_n[r]) & (row > -math.inf)
+        assert ours.any(), r
+        differ = (ours ^ theirs).nonzero().flatten()
+        edge = torch.minimum((row[differ] - low_n[r]).abs(), (row[differ] - high_n[r]).abs())
+        assert bool((edge < NEAR * (1 + row[differ].abs())).all()), (r, differ.numel())
+    rows = [0, 2, 3, 5, 6, 7, 9, 11]
+    low, high = low_c[rows], high_c[rows]
+    low[1], high[2] = -math.inf, math.inf  # a side left open
+    expected = mask_outside_rows(logits.clone(), rows, low.tolist(), high.tolist())
+    actual = mask_outside_rows_native(logits.clone(), rows, low, high, kernel)
+    assert torch.equal(expected.view(torch.int32), actual.view(torch.int32))

@@ -6,6 +6,7 @@ loaders and the ``constrained`` command. No engine (the engine side is the sessi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,10 @@ def ours(group):
 procs, ends = ours("vllm.logits_processors"), ours("vllm.endpoint_plugins")
 from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_plugins
 import constrained
+from constrained.processors.truncation_math import host_kernel
 print("RESULT " + json.dumps({"version": dist.version, "procs": procs, "ends": ends,
-      "module": constrained.__file__, "v2": len(_load_v2_logitsprocs_plugins())}))
+      "module": constrained.__file__, "v2": len(_load_v2_logitsprocs_plugins()),
+      "host_kernel": host_kernel() is not None}))
 """
 
 
@@ -61,8 +64,9 @@ def test_wheel_builds_installs_and_registers(tmp_path):
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     # Run outside the repository (its checkout must not be what is imported).
+    env = {**os.environ, "CONSTRAINED_CACHE": str(tmp_path / "cache")}  # compiles afresh
     out = subprocess.run([str(python), "-c", CHECK], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+                         text=True, timeout=300, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 
@@ -73,6 +77,7 @@ def test_wheel_builds_installs_and_registers(tmp_path):
     assert len(found["procs"]) == len(constrained.LOGITS_PROCESSORS)
     assert found["ends"] == ["constrained.plugin:endpoint_plugin"]
     assert found["v2"] >= len(constrained.LOGITS_PROCESSORS)
+    assert found["host_kernel"]  # the C source ships in the wheel and compiles from there
     version = subprocess.run([str(venv / "bin" / "constrained"), "--version"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert version.returncode == 0, version.stderr[-3000:]

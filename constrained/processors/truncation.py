@@ -34,7 +34,15 @@ from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcess
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation_kernels import mask_outside_kernel
-from constrained.processors.truncation_math import Scratch, mask_outside, mask_outside_rows
+from constrained.processors.truncation_math import (
+    NEG_INF,
+    POS_INF,
+    Scratch,
+    host_kernel,
+    mask_outside,
+    mask_outside_rows,
+    mask_outside_rows_native,
+)
 from constrained.settings import settings
 
 if TYPE_CHECKING:
@@ -66,6 +74,9 @@ class TruncationProcessor(DualInterfaceProcessor):
         self.on_triton &= (not interpreted) if forced is None else forced
         self.mask = HostRowsMask(self) if self.layout.host_reads_free else TensorMask(self)
         self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
+        # HostRowsMask: the C kernels where they compile (one pass a row for the mask,
+        # typical-p's search), else torch / NumPy (processors/host_kernels.py).
+        self.host_kernel = host_kernel() if isinstance(self.mask, HostRowsMask) else None
 
     def columns(self) -> dict[str, Column]:
         return {self.PARAM: Column(torch.float32, self.NEUTRAL)}
@@ -154,6 +165,12 @@ class HostRowsMask:
                 else logits.index_select(0, index)
             )
             low, high = processor.bounds(rows_block, {k: v[index] for k, v in params.items()}, True)
+            kernel = processor.host_kernel
+            if kernel is not None and logits.stride(1) == 1 and logits.dtype == torch.float32:
+                low = torch.full((len(block),), NEG_INF) if low is None else low
+                high = torch.full((len(block),), POS_INF) if high is None else high
+                mask_outside_rows_native(logits, block, low, high, kernel)
+                continue
             mask_outside_rows(
                 logits,
                 block,

@@ -11,6 +11,7 @@ the math. No vLLM, no state; the wiring is ``processors/truncation.py``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -366,6 +367,63 @@ def typical_bounds_on_host(
         found = d.double()[first.clamp_(max=d.numel() - 1)]
         radius = torch.where(counts > 0, found, radius)
     return _typical_interval(top, centre, radius, mass)
+
+
+def typical_bounds_native(
+    logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, kernel: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``typical_bounds_on_host`` in C (``truncation_host.c``, from ``host_kernel``): the same
+    histogram search in four passes a row (top, ``exp`` and sums, buckets and histogram, the
+    crossing bucket sorted) instead of about twenty eager ones. ``logits``: a CPU block whose
+    rows are contiguous float32 (a view of the batch's rows)."""
+    rows, width = logits.shape
+    ref = logits[:1]
+    work = scratch.like("w", ref)
+    bucket = scratch.like("bucket16", ref, torch.int16)
+    members = scratch.like("members", ref, torch.float64)  # (d, w) float32 pairs
+    top = torch.empty(rows, 1, dtype=torch.float32)
+    centre = torch.empty(rows, 1, dtype=torch.float32)
+    radius = torch.empty(rows, dtype=torch.float64)
+    masses = mass.to(torch.float32).contiguous()
+    kernel.typical_rows(
+        logits.data_ptr(), logits.stride(0), rows, width, masses.data_ptr(),
+        work.data_ptr(), bucket.data_ptr(), members.data_ptr(),
+        top.data_ptr(), centre.data_ptr(), radius.data_ptr(),
+    )  # fmt: skip
+    return _typical_interval(top, centre, radius, mass)
+
+
+def mask_outside_rows_native(
+    logits: torch.Tensor, rows: list[int], low: torch.Tensor, high: torch.Tensor, kernel: Any
+) -> torch.Tensor:
+    """``mask_outside_rows`` in C: one pass a row (``threshold_`` takes four for both sides).
+    ``logits``: [rows, vocab] float32 on the CPU with contiguous rows."""
+    index = torch.tensor(rows, dtype=torch.int64)
+    lows = low.to(torch.float32).contiguous()
+    highs = high.to(torch.float32).contiguous()
+    kernel.mask_outside_rows(
+        logits.data_ptr(), logits.stride(0), index.data_ptr(), len(rows), logits.shape[1],
+        lows.data_ptr(), highs.data_ptr(),
+    )  # fmt: skip
+    return logits
+
+
+def host_kernel() -> Any:
+    """The truncation samplers' C kernels (``truncation_host.c``) with their argument types,
+    or ``None`` (no compiler, or ``CONSTRAINED_HOST_KERNELS=0``)."""
+    import ctypes
+
+    from constrained.processors.host_kernels import load
+
+    lib = load("truncation_host")
+    if lib is None:
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    lib.typical_rows.argtypes = [pointer, size, size, size, *[pointer] * 7]
+    lib.typical_rows.restype = None
+    lib.mask_outside_rows.argtypes = [pointer, size, pointer, size, size, pointer, pointer]
+    lib.mask_outside_rows.restype = None
+    return lib
 
 
 def _typicality(logits: torch.Tensor, mass: torch.Tensor, work: Scratch) -> tuple:

@@ -9,7 +9,11 @@ import torch
 from constrained.options import Options
 from constrained.processors.truncation import Bounds, TruncationProcessor
 from constrained.processors.truncation_kernels import typical_bounds_kernel
-from constrained.processors.truncation_math import typical_bounds, typical_bounds_on_host
+from constrained.processors.truncation_math import (
+    typical_bounds,
+    typical_bounds_native,
+    typical_bounds_on_host,
+)
 
 
 class TypicalPProcessor(TruncationProcessor):
@@ -31,8 +35,12 @@ class TypicalPProcessor(TruncationProcessor):
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        # V1 on CPU: the exact host search; where Triton runs: its kernels; else torch.
+        # V1 on CPU: the exact host search, in C where it compiles (``host_kernels``; then in
+        # blocks of 64 rows: no per-block work to amortize), else NumPy; where Triton runs:
+        # its kernels; else torch.
         self.device_bounds = typical_bounds_kernel if self.on_triton else typical_bounds
+        if self.host_kernel is not None:
+            self.ROWS_PER_BLOCK = 64
 
     def value_of(self, options: Options) -> float | None:
         value = options.typical_p
@@ -42,5 +50,8 @@ class TypicalPProcessor(TruncationProcessor):
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
         if on_host:
+            kernel = self.host_kernel
+            if kernel is not None and logits.stride(1) == 1 and logits.dtype == torch.float32:
+                return typical_bounds_native(logits, params["typical_p"], self.scratch, kernel)
             return typical_bounds_on_host(logits, params["typical_p"], self.scratch)
         return self.device_bounds(logits, params["typical_p"])

@@ -1,0 +1,184 @@
+/* The truncation samplers on the host (Model Runner V1 on CPU): typical-p's search for each
+ * row's kept interval in four passes (typical_rows), and the mask of every row's logits
+ * outside its interval in one (mask_outside_rows).
+ *
+ * The math of truncation_math.typical_bounds_on_host, fused: with s = max(l - top, -110) and
+ * w = exp(s) (the unnormalized probabilities), c = sum(w * s) / sum(w) is the expected
+ * logit (shifted) and d = |s - c| each token's distance from typicality; tokens are kept,
+ * nearest first, until their mass first exceeds mass * sum(w). Passes over a row: (1) the
+ * top logit; (2) w, its sums and the least s; (3) each token's bucket of d (BINS buckets
+ * over the row's range of d) and the weighted histogram; (4) the tokens of the bucket where
+ * the running mass crosses the target, sorted, to find the exact radius.
+ *
+ * Deterministic and the same on every machine: every sum runs in LANES fixed lanes (the
+ * compiler vectorizes them without reassociating), the exp is this file's own polynomial,
+ * and the build contracts no products into FMAs (host_kernels.py: -ffp-contract=off; and
+ * -fno-trapping-math, without which no loop with a comparison vectorizes).
+ * Loaded by processors/host_kernels.py; called by truncation_math (typical_bounds_native,
+ * mask_outside_rows_native).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BINS 4096
+#define LANES 16
+#define CHUNK 1024 /* a multiple of LANES */
+#define EXP_IS_ZERO 110.0f /* exp(-110) is 0 in float32 under any rounding */
+
+typedef struct {
+    float d;
+    float w;
+} member_t;
+
+/* exp(x) for -110 <= x <= 0: Cephes' expf polynomial (about 1 ulp), 0 below -87. */
+static inline float exp_nonpositive(float x) {
+    float y = x < -87.0f ? -87.0f : x;
+    float k = floorf(y * 1.44269504088896341f + 0.5f);
+    float r = y - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union {
+        uint32_t bits;
+        float value;
+    } scale;
+    scale.bits = (uint32_t)((int32_t)k + 127) << 23;
+    return x < -87.0f ? 0.0f : p * scale.value;
+}
+
+static inline float shifted(float logit, float top) {
+    float s = logit - top;
+    return s < -EXP_IS_ZERO ? -EXP_IS_ZERO : s; /* -inf (masked) weighs 0 */
+}
+
+static int by_distance(const void *a, const void *b) {
+    float x = ((const member_t *)a)->d, y = ((const member_t *)b)->d;
+    return (x > y) - (x < y);
+}
+
+/* One row: its top logit, c (shifted) and the radius of the kept interval around c. */
+static void typical_row(const float *l, int64_t n, double mass, float *w, uint16_t *bucket,
+                        member_t *members, double *hist, float *top_out, float *centre_out,
+                        double *radius_out) {
+    float most[LANES];
+    for (int k = 0; k < LANES; k++) most[k] = -INFINITY;
+    int64_t body = n - n % LANES;
+    for (int64_t i = 0; i < body; i += LANES)
+        for (int k = 0; k < LANES; k++) most[k] = l[i + k] > most[k] ? l[i + k] : most[k];
+    float top = -INFINITY;
+    for (int k = 0; k < LANES; k++) top = most[k] > top ? most[k] : top;
+    for (int64_t i = body; i < n; i++) top = l[i] > top ? l[i] : top;
+    if (!(top > -INFINITY)) { /* every token masked: nothing to keep out */
+        *top_out = 0.0f, *centre_out = 0.0f, *radius_out = INFINITY;
+        return;
+    }
+
+    double z[LANES], zs[LANES];
+    float least[LANES];
+    for (int k = 0; k < LANES; k++) z[k] = zs[k] = 0.0, least[k] = 0.0f;
+    for (int64_t start = 0; start < body; start += CHUNK) {
+        /* float sums over a chunk (CHUNK / LANES terms a lane), then into double */
+        float zc[LANES], zsc[LANES];
+        for (int k = 0; k < LANES; k++) zc[k] = zsc[k] = 0.0f;
+        int64_t stop = start + CHUNK < body ? start + CHUNK : body;
+        for (int64_t i = start; i < stop; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float s = shifted(l[i + k], top);
+                float e = exp_nonpositive(s);
+                w[i + k] = e;
+                zc[k] += e;
+                zsc[k] += e * s;
+                least[k] = s < least[k] ? s : least[k];
+            }
+        for (int k = 0; k < LANES; k++) z[k] += zc[k], zs[k] += zsc[k];
+    }
+    double total = 0.0, moment = 0.0;
+    float lowest = 0.0f;
+    for (int k = 0; k < LANES; k++) {
+        total += z[k];
+        moment += zs[k];
+        lowest = least[k] < lowest ? least[k] : lowest;
+    }
+    for (int64_t i = body; i < n; i++) {
+        float s = shifted(l[i], top);
+        float e = exp_nonpositive(s);
+        w[i] = e;
+        total += e;
+        moment += (double)e * s;
+        lowest = s < lowest ? s : lowest;
+    }
+    float c = (float)(moment / total); /* <= 0 */
+    double width = fmax(-(double)c, (double)c - lowest);
+    width = width < 1e-3 ? 1e-3 : width;
+    float scale = (float)(BINS / width);
+    double target = mass * total;
+
+    for (int64_t i = 0; i < n; i++) {
+        float b = fabsf(shifted(l[i], top) - c) * scale; /* >= 0: the cast truncates = floor */
+        bucket[i] = (uint16_t)(b < (float)BINS ? b : (float)BINS);
+    }
+    memset(hist, 0, (BINS + 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) hist[bucket[i]] += w[i];
+    double below = 0.0;
+    int crossing = BINS;
+    for (int b = 0; b <= BINS; b++) {
+        if (below + hist[b] > target) {
+            crossing = b;
+            break;
+        }
+        below += hist[b];
+    }
+
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i += 64) { /* 64 buckets compared at once, mostly no hit */
+        int64_t stop = i + 64 < n ? i + 64 : n;
+        int hits = 0;
+        for (int64_t j = i; j < stop; j++) hits += bucket[j] == crossing;
+        if (!hits) continue;
+        for (int64_t j = i; j < stop; j++)
+            if (bucket[j] == crossing) {
+                members[count].d = fabsf(shifted(l[j], top) - c);
+                members[count].w = w[j];
+                count++;
+            }
+    }
+    qsort(members, (size_t)count, sizeof(member_t), by_distance);
+    double radius = (crossing + 1) * width / BINS; /* an empty bucket: never in practice */
+    double running = below;
+    for (int64_t k = 0; k < count; k++) {
+        running += members[k].w;
+        radius = members[k].d;
+        if (running > target) break; /* the first that passes; rounding: the last */
+    }
+    *top_out = top;
+    *centre_out = c;
+    *radius_out = radius;
+}
+
+/* rows x n logits (row r at logits + r * stride), mass per row: per row the top logit, c
+ * (shifted) and the radius. Work: n floats (w), n uint16 (buckets), n members. */
+void typical_rows(const float *logits, int64_t stride, int64_t rows, int64_t n,
+                  const float *mass, float *w, uint16_t *bucket, member_t *members,
+                  float *top, float *centre, double *radius) {
+    double hist[BINS + 1];
+    for (int64_t r = 0; r < rows; r++)
+        typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, top + r,
+                    centre + r, radius + r);
+}
+
+/* Each of count rows (row rows[i] at logits + rows[i] * stride, n logits) keeps low[i] <= x
+ * <= high[i]; every other logit becomes -inf. Kept values are not touched. */
+void mask_outside_rows(float *logits, int64_t stride, const int64_t *rows, int64_t count,
+                       int64_t n, const float *low, const float *high) {
+    for (int64_t r = 0; r < count; r++) {
+        float *l = logits + rows[r] * stride;
+        float lo = low[r], hi = high[r];
+        for (int64_t i = 0; i < n; i++) l[i] = (l[i] < lo || l[i] > hi) ? -INFINITY : l[i];
+    }
+}
