@@ -2,13 +2,14 @@
  * row's kept interval in four passes (typical_rows), and the mask of every row's logits
  * outside its interval in one (mask_outside_rows).
  *
- * The math of truncation_math.typical_bounds_on_host, fused: with s = max(l - top, -110) and
- * w = exp(s) (the unnormalized probabilities), c = sum(w * s) / sum(w) is the expected
- * logit (shifted) and d = |s - c| each token's distance from typicality; tokens are kept,
- * nearest first, until their mass first exceeds mass * sum(w). Passes over a row: (1) the
- * top logit; (2) w, its sums and the least s; (3) each token's bucket of d (BINS buckets
- * over the row's range of d) and the weighted histogram; (4) the tokens of the bucket where
- * the running mass crosses the target, sorted, to find the exact radius.
+ * The math of truncation_math.typical_bounds_on_host, fused: with s = max(l - base, -110)
+ * and w = exp(s) (the unnormalized probabilities; base is the top of a sample of the row,
+ * so no pass looks for the top itself), c = sum(w * s) / sum(w) is the expected logit
+ * (shifted) and d = |s - c| each token's distance from typicality; tokens are kept, nearest
+ * first, until their mass first exceeds mass * sum(w). Passes over a row: (1) w, its sums
+ * and the range of s; (2) each token's bucket of d (BINS buckets over the row's range of d);
+ * (3) the weighted histogram; (4) the tokens of the bucket where the running mass crosses
+ * the target, sorted, to find the exact radius.
  *
  * Deterministic and the same on every machine: every sum runs in LANES fixed lanes (the
  * compiler vectorizes them without reassociating), the exp is this file's own polynomial,
@@ -25,6 +26,8 @@
 #define BINS 4096
 #define LANES 16
 #define CHUNK 1024 /* a multiple of LANES */
+#define SAMPLE 64  /* the base logit: the top of every SAMPLE-th */
+#define OVER_BASE 64.0f /* weights up to exp(64): 151,936 of them sum far below FLT_MAX */
 #define EXP_IS_ZERO 110.0f /* exp(-110) is 0 in float32 under any rounding */
 
 typedef struct {
@@ -32,8 +35,8 @@ typedef struct {
     float w;
 } member_t;
 
-/* exp(x) for -110 <= x <= 0: Cephes' expf polynomial (about 1 ulp), 0 below -87. */
-static inline float exp_nonpositive(float x) {
+/* exp(x) for -110 <= x <= 88: Cephes' expf polynomial (about 1 ulp), 0 below -87. */
+static inline float exp_bounded(float x) {
     float y = x < -87.0f ? -87.0f : x;
     float k = floorf(y * 1.44269504088896341f + 0.5f);
     float r = y - k * 0.693359375f + k * 2.12194440e-4f;
@@ -62,10 +65,8 @@ static int by_distance(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One row: its top logit, c (shifted) and the radius of the kept interval around c. */
-static void typical_row(const float *l, int64_t n, double mass, float *w, uint16_t *bucket,
-                        member_t *members, double *hist, float *top_out, float *centre_out,
-                        double *radius_out) {
+/* The row's top logit (a pass of its own: only where the sample's was no guide). */
+static float row_max(const float *l, int64_t n) {
     float most[LANES];
     for (int k = 0; k < LANES; k++) most[k] = -INFINITY;
     int64_t body = n - n % LANES;
@@ -74,14 +75,17 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
     float top = -INFINITY;
     for (int k = 0; k < LANES; k++) top = most[k] > top ? most[k] : top;
     for (int64_t i = body; i < n; i++) top = l[i] > top ? l[i] : top;
-    if (!(top > -INFINITY)) { /* every token masked: nothing to keep out */
-        *top_out = 0.0f, *centre_out = 0.0f, *radius_out = INFINITY;
-        return;
-    }
+    return top;
+}
 
+/* w = exp(l - base) and its sums over the row; returns the most l - base (0 when base is
+ * the top logit). */
+static float weigh(const float *l, int64_t n, float base, float *w, double *total_out,
+                   double *moment_out, float *lowest_out) {
+    int64_t body = n - n % LANES;
     double z[LANES], zs[LANES];
-    float least[LANES];
-    for (int k = 0; k < LANES; k++) z[k] = zs[k] = 0.0, least[k] = 0.0f;
+    float least[LANES], most[LANES];
+    for (int k = 0; k < LANES; k++) z[k] = zs[k] = 0.0, least[k] = 0.0f, most[k] = -INFINITY;
     for (int64_t start = 0; start < body; start += CHUNK) {
         /* float sums over a chunk (CHUNK / LANES terms a lane), then into double */
         float zc[LANES], zsc[LANES];
@@ -89,38 +93,68 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
         int64_t stop = start + CHUNK < body ? start + CHUNK : body;
         for (int64_t i = start; i < stop; i += LANES)
             for (int k = 0; k < LANES; k++) {
-                float s = shifted(l[i + k], top);
-                float e = exp_nonpositive(s);
+                float s = shifted(l[i + k], base);
+                float e = exp_bounded(s);
                 w[i + k] = e;
                 zc[k] += e;
                 zsc[k] += e * s;
                 least[k] = s < least[k] ? s : least[k];
+                most[k] = s > most[k] ? s : most[k];
             }
         for (int k = 0; k < LANES; k++) z[k] += zc[k], zs[k] += zsc[k];
     }
     double total = 0.0, moment = 0.0;
-    float lowest = 0.0f;
+    float lowest = 0.0f, highest = -INFINITY;
     for (int k = 0; k < LANES; k++) {
         total += z[k];
         moment += zs[k];
         lowest = least[k] < lowest ? least[k] : lowest;
+        highest = most[k] > highest ? most[k] : highest;
     }
     for (int64_t i = body; i < n; i++) {
-        float s = shifted(l[i], top);
-        float e = exp_nonpositive(s);
+        float s = shifted(l[i], base);
+        float e = exp_bounded(s);
         w[i] = e;
         total += e;
         moment += (double)e * s;
         lowest = s < lowest ? s : lowest;
+        highest = s > highest ? s : highest;
     }
-    float c = (float)(moment / total); /* <= 0 */
-    double width = fmax(-(double)c, (double)c - lowest);
+    *total_out = total, *moment_out = moment, *lowest_out = lowest;
+    return highest;
+}
+
+/* One row: a base logit (its top, or near it), c - base, and the radius of the kept
+ * interval around c. */
+static void typical_row(const float *l, int64_t n, double mass, float *w, uint16_t *bucket,
+                        member_t *members, double *hist, float *top_out, float *centre_out,
+                        double *radius_out) {
+    /* The base: the top of every SAMPLE-th logit, so the max needs no pass of its own; the
+     * weights are then exp(l - base), up to exp(highest), and every sum is relative to the
+     * base (the search needs ratios only). Far above it (an overflow risk), or no finite
+     * sample: the row's own top. */
+    float base = -INFINITY;
+    for (int64_t i = 0; i < n; i += SAMPLE) base = l[i] > base ? l[i] : base;
+    if (!(base > -INFINITY)) base = row_max(l, n);
+    if (!(base > -INFINITY)) { /* every token masked: nothing to keep out */
+        *top_out = 0.0f, *centre_out = 0.0f, *radius_out = INFINITY;
+        return;
+    }
+    double total, moment;
+    float lowest;
+    float highest = weigh(l, n, base, w, &total, &moment, &lowest);
+    if (highest > OVER_BASE) {
+        base = base + highest;
+        highest = weigh(l, n, base, w, &total, &moment, &lowest);
+    }
+    float c = (float)(moment / total); /* <= highest */
+    double width = fmax((double)highest - c, (double)c - lowest);
     width = width < 1e-3 ? 1e-3 : width;
     float scale = (float)(BINS / width);
     double target = mass * total;
 
     for (int64_t i = 0; i < n; i++) {
-        float b = fabsf(shifted(l[i], top) - c) * scale; /* >= 0: the cast truncates = floor */
+        float b = fabsf(shifted(l[i], base) - c) * scale; /* >= 0: the cast truncates = floor */
         bucket[i] = (uint16_t)(b < (float)BINS ? b : (float)BINS);
     }
     memset(hist, 0, (BINS + 1) * sizeof(double));
@@ -143,7 +177,7 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
         if (!hits) continue;
         for (int64_t j = i; j < stop; j++)
             if (bucket[j] == crossing) {
-                members[count].d = fabsf(shifted(l[j], top) - c);
+                members[count].d = fabsf(shifted(l[j], base) - c);
                 members[count].w = w[j];
                 count++;
             }
@@ -156,7 +190,7 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
         radius = members[k].d;
         if (running > target) break; /* the first that passes; rounding: the last */
     }
-    *top_out = top;
+    *top_out = base;
     *centre_out = c;
     *radius_out = radius;
 }
