@@ -177,6 +177,46 @@ class Walks:
         self.no_end = False
 
 
+class Cleared:
+    """The tokens a near row clears: their ids while few, else a bitmask of the row's words
+    (a wide row near the end clears most of the vocabulary: 151,936 ids as Python ints were
+    5 MB a sort, as a bitmask 19 KB)."""
+
+    __slots__ = ("bits", "ids")
+
+    def __init__(self, ids: list[int] | np.ndarray, words: int) -> None:
+        flat = np.asarray(ids, dtype=np.int64)
+        self.ids: np.ndarray | None = None
+        self.bits: np.ndarray | None = None
+        if flat.size <= words:
+            self.ids = flat.astype(np.int32)
+        else:
+            self.bits = np.zeros(words, dtype=np.uint32)
+            np.bitwise_or.at(self.bits, flat // 32, np.uint32(1) << (flat % 32).astype(np.uint32))
+
+    def __bool__(self) -> bool:
+        return bool(self.ids.size) if self.ids is not None else bool(self.bits.any())
+
+    def apply(self, words: np.ndarray) -> None:
+        """Clear these tokens in a row's words (in place)."""
+        if self.bits is not None:
+            np.bitwise_and(words, ~self.bits, out=words)
+        elif self.ids.size:
+            ids = self.ids.astype(np.int64)
+            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+
+    def plus(self, more: list[int], words: int) -> Cleared:
+        if not more:
+            return self
+        if self.bits is not None:
+            grown = Cleared([], words)
+            grown.ids, grown.bits = None, self.bits.copy()
+            flat = np.asarray(more, dtype=np.int64)
+            np.bitwise_or.at(grown.bits, flat // 32, np.uint32(1) << (flat % 32).astype(np.uint32))
+            return grown
+        return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
+
+
 @dataclass
 class Sort:
     """A committed near row's checks: its allowed words and witness, the room it was
@@ -187,7 +227,7 @@ class Sort:
     left: int
     safe: dict[int, list[int]]
     by_class: dict[int, list[int]]
-    unsafe: list[int]
+    unsafe: Cleared
     longest: int  # the longest kept suffix: while it fits, nothing needs checking again
 
 
@@ -197,16 +237,17 @@ def new_sort(
     left: int,
     safe: dict[int, list[int]],
     by_class: dict[int, list[int]],
-    unsafe: list[int],
+    unsafe: list[int] | np.ndarray | Cleared,
 ) -> Sort:
     longest = max(max(map(len, safe.values()), default=0),
                   max(map(len, by_class.values()), default=0))  # fmt: skip
-    return Sort(words, witness, left, safe, by_class, unsafe, longest)
+    cleared = unsafe if isinstance(unsafe, Cleared) else Cleared(unsafe, words.size)
+    return Sort(words, witness, left, safe, by_class, cleared, longest)
 
 
-SHARED_SORTS = 32  # near rows (words and witness) kept per grammar (memory: a sort holds
+SHARED_SORTS = 128  # near rows (words and witness) kept per grammar (memory: a sort holds
 # its checked suffixes; the soak test bounds what a served round may add)
-SHARED_LEFTS = 2  # ... each with its sorts at this many rooms
+SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
 
 
 def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
@@ -537,8 +578,7 @@ class ClosingMatcher(MatcherWrapper):
         else:
             self.drafts[tuple(self.ahead)] = (safe, by_class)
         if unsafe:
-            ids = np.asarray(unsafe, dtype=np.int64)
-            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+            unsafe.apply(words)
             if witness and not words.any():
                 self._keep_witness(words, witness[0])
 
@@ -640,17 +680,18 @@ class ClosingMatcher(MatcherWrapper):
             return last
         if any(len(suffix) > room for suffix in last.by_class.values()):
             return None
-        safe, unsafe, walks = dict(last.safe), list(last.unsafe), Walks()
+        safe, unsafe, walks = dict(last.safe), [], Walks()
         classes = token_classes(self.vocab)[0]
         for token in [token for token, suffix in safe.items() if len(suffix) > room]:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
                 unsafe.append(token)
-        return new_sort(last.words, witness, left, safe, last.by_class, unsafe)
+        cleared = last.unsafe.plus(unsafe, last.words.size)
+        return new_sort(last.words, witness, left, safe, last.by_class, cleared)
 
     def _sort_tokens(
         self, bitmask: torch.Tensor, row: int, witness: list[int], left: int
-    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[int]]:
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[int] | np.ndarray]:
         """The allowed tokens checked to keep a completion within ``left`` (with their
         suffixes), the wide row's classes kept on their ends' word (with the longer end's
         suffix), and the tokens that do not keep one (or were not checked)."""
@@ -693,8 +734,8 @@ class ClosingMatcher(MatcherWrapper):
             ]
             unchecked.append(others[CLASS_CHECKS:])
             unsafe += [t for t in {first, last} if t not in safe]
-        if unchecked:
-            unsafe += np.concatenate(unchecked).tolist()
+        if unchecked:  # as an array: a wide row near the end clears most of the vocabulary
+            return safe, by_class, np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
         return safe, by_class, unsafe
 
     def _leads(self, witness: list[int]) -> set[int]:
