@@ -412,3 +412,9 @@ def test_the_host_kernels_agree_with_the_numpy_search_and_mask() -> None:
     expected = mask_outside_rows(logits.clone(), rows, low.tolist(), high.tolist())
     actual = mask_outside_rows_native(logits.clone(), rows, low, high, kernel)
     assert torch.equal(expected.view(torch.int32), actual.view(torch.int32))
+    # The search and the mask fused (each row masked right after its search) mask as the
+    # search's bounds and threshold_ do.
+    fused = logits.clone()
+    typical_bounds_native(fused, mass, Scratch(), kernel, mask=True)
+    apart = mask_outside_rows(logits.clone(), list(range(12)), low_c.tolist(), high_c.tolist())
+    assert torch.equal(fused.view(torch.int32), apart.view(torch.int32))

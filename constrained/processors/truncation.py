@@ -118,6 +118,12 @@ class TruncationProcessor(DualInterfaceProcessor):
         ``on_host``: the logits are a CPU block whose values may be read on the host (often
         a view of the batch's rows: never written here)."""
 
+    def mask_block(self, block: torch.Tensor, params: dict[str, torch.Tensor]) -> bool:
+        """V1 on CPU: find and apply the bounds of ``block`` (consecutive rows of the batch's
+        logits: a view, written in place) in one go; ``False`` where this sampler has no
+        such path (then ``bounds`` and the mask run apart)."""
+        return False
+
     def row_params(self, rows: Rows, on_host: bool) -> dict[str, torch.Tensor]:
         """Per-row device values of every column for this call's rows (``on_host``: for
         ``HostRowsMask``, which selected its rows on the host already)."""
@@ -158,13 +164,13 @@ class HostRowsMask:
             block = selected[start : start + step].tolist()
             index = torch.tensor(block, dtype=torch.long)
             first, last = block[0], block[-1]
+            block_params = {k: v[index] for k, v in params.items()}
             # consecutive rows (the usual case): a view, not a copy; bounds never write it
-            rows_block = (
-                logits[first : last + 1]
-                if last - first + 1 == len(block)
-                else logits.index_select(0, index)
-            )
-            low, high = processor.bounds(rows_block, {k: v[index] for k, v in params.items()}, True)
+            consecutive = last - first + 1 == len(block)
+            if consecutive and processor.mask_block(logits[first : last + 1], block_params):
+                continue
+            rows_block = logits[first : last + 1] if consecutive else logits.index_select(0, index)
+            low, high = processor.bounds(rows_block, block_params, True)
             kernel = processor.host_kernel
             if kernel is not None and logits.stride(1) == 1 and logits.dtype == torch.float32:
                 low = torch.full((len(block),), NEG_INF) if low is None else low

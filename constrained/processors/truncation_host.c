@@ -27,6 +27,7 @@
 #define LANES 16
 #define CHUNK 1024 /* a multiple of LANES */
 #define SAMPLE 64  /* the base logit: the top of every SAMPLE-th */
+#define TYPICAL_MARGIN (8 * 1.1920928955078125e-07) /* 8 float32 ulps (truncation_math) */
 #define OVER_BASE 64.0f /* weights up to exp(64): 151,936 of them sum far below FLT_MAX */
 #define EXP_IS_ZERO 110.0f /* exp(-110) is 0 in float32 under any rounding */
 
@@ -126,9 +127,9 @@ static float weigh(const float *l, int64_t n, float base, float *w, double *tota
 
 /* One row: a base logit (its top, or near it), c - base, and the radius of the kept
  * interval around c. */
-static void typical_row(const float *l, int64_t n, double mass, float *w, uint16_t *bucket,
-                        member_t *members, double *hist, float *top_out, float *centre_out,
-                        double *radius_out) {
+static void typical_row(float *l, int64_t n, double mass, float *w, uint16_t *bucket,
+                        member_t *members, double *hist, float *low_out, float *high_out,
+                        int mask) {
     /* The base: the top of every SAMPLE-th logit, so the max needs no pass of its own; the
      * weights are then exp(l - base), up to exp(highest), and every sum is relative to the
      * base (the search needs ratios only). Far above it (an overflow risk), or no finite
@@ -136,8 +137,8 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
     float base = -INFINITY;
     for (int64_t i = 0; i < n; i += SAMPLE) base = l[i] > base ? l[i] : base;
     if (!(base > -INFINITY)) base = row_max(l, n);
-    if (!(base > -INFINITY)) { /* every token masked: nothing to keep out */
-        *top_out = 0.0f, *centre_out = 0.0f, *radius_out = INFINITY;
+    if (!(base > -INFINITY) || mass >= 1.0) { /* every token masked, or the sampler off */
+        *low_out = -INFINITY, *high_out = INFINITY;
         return;
     }
     double total, moment;
@@ -190,20 +191,27 @@ static void typical_row(const float *l, int64_t n, double mass, float *w, uint16
         radius = members[k].d;
         if (running > target) break; /* the first that passes; rounding: the last */
     }
-    *top_out = base;
-    *centre_out = c;
-    *radius_out = radius;
+    /* The kept interval, widened by 8 float32 ulps as truncation_math._typical_interval
+     * widens it (so rounding never drops a kept token), then the mask while the row is in
+     * cache. */
+    double centre = (double)(base + c);
+    radius += TYPICAL_MARGIN * (fabs(centre) + radius + 1.0);
+    float lo = (float)(centre - radius), hi = (float)(centre + radius);
+    *low_out = lo, *high_out = hi;
+    if (mask)
+        for (int64_t i = 0; i < n; i++) l[i] = (l[i] < lo || l[i] > hi) ? -INFINITY : l[i];
 }
 
-/* rows x n logits (row r at logits + r * stride), mass per row: per row the top logit, c
- * (shifted) and the radius. Work: n floats (w), n uint16 (buckets), n members. */
-void typical_rows(const float *logits, int64_t stride, int64_t rows, int64_t n,
-                  const float *mass, float *w, uint16_t *bucket, member_t *members,
-                  float *top, float *centre, double *radius) {
+/* rows x n logits (row r at logits + r * stride), mass per row: each row's kept interval
+ * [low, high], and with mask != 0 every logit outside it set to -inf (row by row, while it
+ * is in cache). Work: n floats (w), n uint16 (buckets), n members. */
+void typical_rows(float *logits, int64_t stride, int64_t rows, int64_t n, const float *mass,
+                  float *w, uint16_t *bucket, member_t *members, float *low, float *high,
+                  int64_t mask) {
     double hist[BINS + 1];
     for (int64_t r = 0; r < rows; r++)
-        typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, top + r,
-                    centre + r, radius + r);
+        typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, low + r,
+                    high + r, (int)mask);
 }
 
 /* Each of count rows (row rows[i] at logits + rows[i] * stride, n logits) keeps low[i] <= x

@@ -370,27 +370,29 @@ def typical_bounds_on_host(
 
 
 def typical_bounds_native(
-    logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, kernel: Any
+    logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, kernel: Any, mask: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``typical_bounds_on_host`` in C (``truncation_host.c``, from ``host_kernel``): the same
-    histogram search in four passes a row (top, ``exp`` and sums, buckets and histogram, the
-    crossing bucket sorted) instead of about twenty eager ones. ``logits``: a CPU block whose
-    rows are contiguous float32 (a view of the batch's rows)."""
+    histogram search in four passes a row (``exp`` and sums from a sampled top, buckets,
+    histogram, the crossing bucket sorted) instead of about twenty eager ones, and the same
+    widened interval. ``mask``: also set every logit of ``logits`` outside it to ``-inf``,
+    each row right after its search (while it is in cache): ``logits`` must then be the
+    batch's own rows (a view), not a copy. ``logits``: a CPU block of float32 rows, each
+    contiguous."""
     rows, width = logits.shape
     ref = logits[:1]
     work = scratch.like("w", ref)
     bucket = scratch.like("bucket16", ref, torch.int16)
     members = scratch.like("members", ref, torch.float64)  # (d, w) float32 pairs
-    top = torch.empty(rows, 1, dtype=torch.float32)
-    centre = torch.empty(rows, 1, dtype=torch.float32)
-    radius = torch.empty(rows, dtype=torch.float64)
+    low = torch.empty(rows, dtype=torch.float32)
+    high = torch.empty(rows, dtype=torch.float32)
     masses = mass.to(torch.float32).contiguous()
     kernel.typical_rows(
         logits.data_ptr(), logits.stride(0), rows, width, masses.data_ptr(),
         work.data_ptr(), bucket.data_ptr(), members.data_ptr(),
-        top.data_ptr(), centre.data_ptr(), radius.data_ptr(),
+        low.data_ptr(), high.data_ptr(), int(mask),
     )  # fmt: skip
-    return _typical_interval(top, centre, radius, mass)
+    return low, high
 
 
 def mask_outside_rows_native(
@@ -419,7 +421,7 @@ def host_kernel() -> Any:
     if lib is None:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.typical_rows.argtypes = [pointer, size, size, size, *[pointer] * 7]
+    lib.typical_rows.argtypes = [pointer, size, size, size, *[pointer] * 6, size]
     lib.typical_rows.restype = None
     lib.mask_outside_rows.argtypes = [pointer, size, pointer, size, size, pointer, pointer]
     lib.mask_outside_rows.restype = None

@@ -46,6 +46,13 @@ class TypicalPProcessor(TruncationProcessor):
         value = options.typical_p
         return None if value is None or value >= 1.0 else value
 
+    def mask_block(self, block: torch.Tensor, params: dict[str, torch.Tensor]) -> bool:
+        kernel = self.host_kernel
+        if kernel is None or block.stride(1) != 1 or block.dtype != torch.float32:
+            return False
+        typical_bounds_native(block, params["typical_p"], self.scratch, kernel, mask=True)
+        return True
+
     def bounds(
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
