@@ -25,11 +25,12 @@ and narrowed to exactly its safe tokens otherwise:
   its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
   request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
   time, else a walk from after ``t`` that ends where the witness completes (``WALK_TOKENS``
-  masks a row; none after a token whose known suffix completes but is too long, or after a
-  member of a class whose walk found nothing this row; a token left unchecked is cleared,
-  so a narrowed row never holds an unsafe token). A check is one ``completes`` of the
-  matcher (llguidance: about 2 us); a walk costs a mask per token, so a suffix found once
-  is tried again before walking.
+  a row, charged a walk's spelt length or, when it finds nothing, its room: up to about
+  twice that in masks, since a walk goes a character at a time; none after a token whose
+  known suffix completes but is too long, or after a member of a class whose walk found
+  nothing this row; a token left unchecked is cleared, so a narrowed row never holds an
+  unsafe token). A check is one ``completes`` of the matcher (llguidance: about 2 us); a
+  walk costs a mask per token, so a suffix found once is tried again before walking.
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
   row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again.
@@ -88,8 +89,8 @@ logger = logging.getLogger(__name__)
 
 GROW = 8  # the least rise of the need one token is assumed to cause at most
 EXACT_MAX = 64  # rows allowing more tokens are checked per class
-WALK_TOKENS = 96  # walked tokens per narrowed row (a walk costs the masks it takes), for
-# tokens no known suffix completes after
+WALK_TOKENS = 96  # walk budget per narrowed row, for tokens no known suffix completes after
+# (charged a found walk's spelt length, a failed one's room: masks run to about twice it)
 RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a key row:
 # its prefixes' walks fail first)
 RECHECK_EVERY = 16  # tokens between walks while none finds a completion
