@@ -285,13 +285,8 @@ def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
     for token in few[np.argsort(cost[few], kind="stable")].tolist():
         if cost[token] >= _NEVER or token == quote:
             break
-        taken = matcher.try_consume([token])
-        if not taken:
-            continue
-        complete = matcher.accepts_end()
-        quoted = not complete and matcher.try_consume([quote]) == 1
-        matcher.rollback(taken + int(quoted))
-        if complete or quoted:
+        taken = matcher.accepted([token, quote])  # one check for both, nothing committed
+        if taken == 2 or (taken == 1 and matcher.completes([token])):
             return token
     return None
 

@@ -122,6 +122,16 @@ class LLGuidanceMatcher(Matcher):
             return super().completes(tokens)
         return self.inner.validate_tokens([*tokens, self.eos]) == len(tokens) + 1
 
+    def accepted(self, tokens: Sequence[int]) -> int:
+        """``try_consume`` + ``rollback`` without committing (``validate_tokens``); tokens
+        with end-of-sequence take the generic path, as in ``completes``."""
+        tokens = list(tokens)
+        if self.error is not None:
+            return 0
+        if self.eos in tokens:
+            return super().accepted(tokens)
+        return self.inner.validate_tokens(tokens)
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         # A stopped or failed llguidance matcher writes an EOS-only mask by itself.
         import llguidance.torch

@@ -33,6 +33,9 @@ The optional hooks (defaults here; a layer overrides what it knows):
   complete (``accepts_end``), the matcher unchanged: ``try_consume``, ``accepts_end`` and
   ``rollback`` by default; a backend with a cheaper exact check overrides it (llguidance
   validates the tokens and end-of-sequence without committing them). Closing's checks.
+- ``accepted(tokens) -> int``: how many of ``tokens``, in order, would be consumed from
+  here, the matcher unchanged: ``try_consume`` and ``rollback`` by default; llguidance
+  validates them without committing. Closing's walks (a token, then ``"``).
 - ``forced() -> list[int]``: tokens the grammar forces next, fewest first (``[]``: none
   known). Taking them is always allowed; look-aheads use them to skip mask fills.
 - ``forced_bytes() -> bytes | None``: the bytes forced next whichever tokens write them;
@@ -114,6 +117,11 @@ class Matcher:
             return accepted == len(tokens) and self.accepts_end()
         finally:
             self.rollback(accepted)
+
+    def accepted(self, tokens: Sequence[int]) -> int:
+        taken = self.try_consume(tokens)
+        self.rollback(taken)
+        return taken
 
     def forced(self) -> list[int]:
         return []
