@@ -268,28 +268,21 @@ def test_short_budget_keeps_every_digit(vocab):
     assert row[digits].all()
 
 
-def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(vocab):
-    """Closing's ``reach`` counts the root witness in bytes: spelt in tokens it is short
-    (``{"aside":true,"ref":"null"}``, 9), but the optional ``stamp`` opens a date-time
-    written a digit per token (about 20). Counted in tokens, ``stamp`` was let in while far
-    at budgets 20 to 36 and the output was cut; now every budget either keeps it out or
-    completes after it (found by the engine test at ``max_tokens`` 32)."""
+def take_then_walk(vocab, schema: dict, text: str, budgets: range) -> tuple[int, int]:
+    """At each budget, a closing stack takes ``text``'s tokens while its rows allow them,
+    then walks at random: every output that took them all must end, valid, in time.
+    Returns how many budgets took the text and how many kept it out."""
     from tests.closing_walk import allowed, closing_stack, judge, walk
 
-    properties = {
-        "stamp": {"type": "string", "format": "date-time"},
-        "aside": {"type": "boolean"},
-        "ref": {"type": "string", "pattern": "^[a-z]+$"},
-    }
-    schema = {"type": "object", "properties": properties, "required": ["aside", "ref"]}
     compiled = compile_now(spec_for({"json_schema": json.dumps(schema)}), vocab)
-    path = vocab.hf_tokenizer.encode('{"stamp":"', add_special_tokens=False)
+    path = vocab.hf_tokenizer.encode(text, add_special_tokens=False)
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
-    rng, taken = random.Random(0), 0
-    for budget in range(10, 40, 2):
+    rng, taken, kept_out = random.Random(0), 0, 0
+    for budget in budgets:
         stack = closing_stack(compiled, vocab, budget)
         for token in path:
             if token not in allowed(stack, bitmask, 0, WIDTH).tolist():
+                kept_out += 1
                 break
             assert stack.consume([token])
         else:
@@ -297,6 +290,22 @@ def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(voca
             done = walk(stack, vocab, bitmask, rng, budget - len(path))
             assert done.ended == "eos", (budget, done.ended)
             assert judge(path + done.tokens, vocab, schema) == "valid"
+    return taken, kept_out
+
+
+def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(vocab):
+    """Closing's ``reach`` counts the root witness in bytes: spelt in tokens it is short
+    (``{"aside":true,"ref":"null"}``, 9), but the optional ``stamp`` opens a date-time
+    written a digit per token (about 20). Counted in tokens, ``stamp`` was let in while far
+    at budgets 20 to 36 and the output was cut; now every budget either keeps it out or
+    completes after it (found by the engine test at ``max_tokens`` 32)."""
+    properties = {
+        "stamp": {"type": "string", "format": "date-time"},
+        "aside": {"type": "boolean"},
+        "ref": {"type": "string", "pattern": "^[a-z]+$"},
+    }
+    schema = {"type": "object", "properties": properties, "required": ["aside", "ref"]}
+    taken, _ = take_then_walk(vocab, schema, '{"stamp":"', range(10, 40, 2))
     assert taken  # the largest budgets let it in
 
 
@@ -413,29 +422,12 @@ def test_an_optional_value_longer_than_the_root_witness_is_kept_out_when_it_cann
     ``stamp`` opens a date-time of about 22 tokens. A grammar's rise (``root_rise``: the most
     a token of a narrow row along the root witness raised the need, walked once per grammar)
     widens ``reach``, so ``stamp`` is kept out at every budget it cannot finish in."""
-    from tests.closing_walk import allowed, closing_stack, judge, walk
-
     properties = {
         "stamp": {"type": "string", "format": "date-time"},
         "a": {"type": "boolean"},
     }
     schema = {"type": "object", "properties": properties, "required": ["a"]}
-    compiled = compile_now(spec_for({"json_schema": json.dumps(schema)}), vocab)
-    path = vocab.hf_tokenizer.encode('{"stamp":"', add_special_tokens=False)
-    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
-    rng, taken, kept_out = random.Random(0), 0, 0
-    for budget in range(12, 48, 2):
-        stack = closing_stack(compiled, vocab, budget)
-        for token in path:
-            if token not in allowed(stack, bitmask, 0, WIDTH).tolist():
-                kept_out += 1
-                break
-            assert stack.consume([token])
-        else:
-            taken += 1
-            done = walk(stack, vocab, bitmask, rng, budget - len(path))
-            assert done.ended == "eos", (budget, done.ended)
-            assert judge(path + done.tokens, vocab, schema) == "valid"
+    taken, kept_out = take_then_walk(vocab, schema, '{"stamp":"', range(12, 48, 2))
     assert taken and kept_out  # the largest budgets let it in, the least keep it out
 
 
