@@ -192,8 +192,7 @@ class Cleared:
         if flat.size <= words:
             self.ids = flat.astype(np.int32)
         else:
-            self.bits = np.zeros(words, dtype=np.uint32)
-            np.bitwise_or.at(self.bits, flat // 32, np.uint32(1) << (flat % 32).astype(np.uint32))
+            self.bits = _set_bits(np.zeros(words, dtype=np.uint32), flat)
 
     def __bool__(self) -> bool:
         return bool(self.ids.size) if self.ids is not None else bool(self.bits.any())
@@ -211,11 +210,15 @@ class Cleared:
             return self
         if self.bits is not None:
             grown = Cleared([], words)
-            grown.ids, grown.bits = None, self.bits.copy()
-            flat = np.asarray(more, dtype=np.int64)
-            np.bitwise_or.at(grown.bits, flat // 32, np.uint32(1) << (flat % 32).astype(np.uint32))
+            grown.ids, grown.bits = None, _set_bits(self.bits.copy(), np.asarray(more, np.int64))
             return grown
         return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
+
+
+def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Set the bits of token ``ids`` (int64) in a row's uint32 ``words``; returns them."""
+    np.bitwise_or.at(words, ids // 32, np.uint32(1) << (ids % 32).astype(np.uint32))
+    return words
 
 
 @dataclass

@@ -118,6 +118,13 @@ class TruncationProcessor(DualInterfaceProcessor):
         ``on_host``: the logits are a CPU block whose values may be read on the host (often
         a view of the batch's rows: never written here)."""
 
+    def native_for(self, logits: torch.Tensor) -> Any:
+        """The C kernels if they can read ``logits`` (float32 rows, each contiguous), else
+        ``None``."""
+        if logits.stride(1) != 1 or logits.dtype != torch.float32:
+            return None
+        return self.host_kernel
+
     def mask_block(self, block: torch.Tensor, params: dict[str, torch.Tensor]) -> bool:
         """V1 on CPU: find and apply the bounds of ``block`` (consecutive rows of the batch's
         logits: a view, written in place) in one go; ``False`` where this sampler has no
@@ -171,8 +178,8 @@ class HostRowsMask:
                 continue
             rows_block = logits[first : last + 1] if consecutive else logits.index_select(0, index)
             low, high = processor.bounds(rows_block, block_params, True)
-            kernel = processor.host_kernel
-            if kernel is not None and logits.stride(1) == 1 and logits.dtype == torch.float32:
+            kernel = processor.native_for(logits)
+            if kernel is not None:
                 low = torch.full((len(block),), NEG_INF) if low is None else low
                 high = torch.full((len(block),), POS_INF) if high is None else high
                 mask_outside_rows_native(logits, block, low, high, kernel)

@@ -47,8 +47,8 @@ class TypicalPProcessor(TruncationProcessor):
         return None if value is None or value >= 1.0 else value
 
     def mask_block(self, block: torch.Tensor, params: dict[str, torch.Tensor]) -> bool:
-        kernel = self.host_kernel
-        if kernel is None or block.stride(1) != 1 or block.dtype != torch.float32:
+        kernel = self.native_for(block)
+        if kernel is None:
             return False
         typical_bounds_native(block, params["typical_p"], self.scratch, kernel, mask=True)
         return True
@@ -57,8 +57,8 @@ class TypicalPProcessor(TruncationProcessor):
         self, logits: torch.Tensor, params: dict[str, torch.Tensor], on_host: bool
     ) -> Bounds:
         if on_host:
-            kernel = self.host_kernel
-            if kernel is not None and logits.stride(1) == 1 and logits.dtype == torch.float32:
+            kernel = self.native_for(logits)
+            if kernel is not None:
                 return typical_bounds_native(logits, params["typical_p"], self.scratch, kernel)
             return typical_bounds_on_host(logits, params["typical_p"], self.scratch)
         return self.device_bounds(logits, params["typical_p"])
