@@ -25,6 +25,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
 | ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | typical-p / top-n-sigma Triton kernels: 1 on, 0 off |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
+| ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Settings:
     # C kernels compiled at first use for host hot paths (processors/host_kernels.py; typical-p
     # under V1 on CPU); False: their torch / NumPy paths.
     host_kernels: bool = True
+    # At most this many threads share a batch's rows in a host kernel (typical-p's search
+    # under V1 on CPU); 0: the process's OpenMP team (torch's threads, bound by vLLM).
+    host_threads: int = 0
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -105,6 +109,7 @@ def _from_environment() -> Settings:
         entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
         truncation_kernels=_switch("CONSTRAINED_TRUNCATION_KERNELS", None),
         host_kernels=_switch("CONSTRAINED_HOST_KERNELS", defaults.host_kernels),
+        host_threads=_number("CONSTRAINED_HOST_THREADS", int, defaults.host_threads),
     )
 
 

@@ -418,3 +418,31 @@ def test_the_host_kernels_agree_with_the_numpy_search_and_mask() -> None:
     typical_bounds_native(fused, mass, Scratch(), kernel, mask=True)
     apart = mask_outside_rows(logits.clone(), list(range(12)), low_c.tolist(), high_c.tolist())
     assert torch.equal(fused.view(torch.int32), apart.view(torch.int32))
+    # Rows split over threads (each with its own work rows) come out bit for bit the same,
+    # bounds and mask, however many threads share them (more threads than rows included).
+    for threads in (2, 3, 16):
+        shared = logits.clone()
+        low_t, high_t = typical_bounds_native(shared, mass, Scratch(), kernel, True, threads)
+        assert torch.equal(shared.view(torch.int32), fused.view(torch.int32)), threads
+        assert torch.equal(low_t, low_c) and torch.equal(high_t, high_c), threads
+
+
+def test_the_host_kernels_share_rows_among_torchs_own_openmp_threads(monkeypatch) -> None:
+    """Built with OpenMP, the kernels run on the runtime torch loaded (no second pool of
+    threads to contend with torch's, which vLLM binds to its worker's cores): as many
+    threads as torch's team, at most ``CONSTRAINED_HOST_THREADS``."""
+    from constrained.processors import host_kernels
+    from constrained.settings import reset
+
+    kernel = host_kernel()
+    assert not kernel.own_openmp
+    assert host_kernels.threads(kernel) == torch.get_num_threads()
+    monkeypatch.setenv("CONSTRAINED_HOST_THREADS", "1")
+    reset()
+    try:
+        assert host_kernels.threads(kernel) == 1
+        proc = TypicalPProcessor(fake_vllm_config(4, VOCAB), torch.device("cpu"), False)
+        assert proc.host_threads == 1
+    finally:
+        monkeypatch.delenv("CONSTRAINED_HOST_THREADS")
+        reset()

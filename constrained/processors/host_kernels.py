@@ -13,6 +13,10 @@ one rename wins), and loaded with ``ctypes``.
 Where no compiler works, or ``CONSTRAINED_HOST_KERNELS=0``, ``load`` returns ``None`` once
 (logged) and callers keep their torch / NumPy path, which computes the same thing.
 
+A kernel may share a batch's rows among the process's OpenMP threads (``threads``; each row's
+result is the same whichever thread runs it): vLLM's CPU worker runs the model on them, bound
+to its cores, and they idle (spinning) while the logits processors run.
+
 Example::
 
     lib = load("truncation_host")        # a ctypes.CDLL, or None
@@ -40,6 +44,10 @@ SOURCES = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-funroll-loops",
          "-fPIC", "-shared")  # fmt: skip
 NATIVE = ("-march=native",)
+# OpenMP: the library then shares rows among the threads of the OpenMP runtime torch loaded
+# (the same soname, so the loader reuses torch's copy); tried first, left out where the
+# compiler has none.
+OPENMP = ("-fopenmp",)
 COMPILE_TIMEOUT_S = 120
 
 
@@ -48,6 +56,37 @@ def compiler() -> str | None:
     named = os.environ.get("CC", "").strip()
     candidates = [named] if named else ["cc", "gcc", "clang"]
     return next((found for c in candidates if (found := shutil.which(c))), None)
+
+
+def threads(lib: ctypes.CDLL | None) -> int:
+    """How many threads ``lib``'s row-parallel kernels share a batch's rows among: the
+    process's OpenMP team (torch's threads, which vLLM's CPU worker binds to its cores), at
+    most ``CONSTRAINED_HOST_THREADS`` where set; 1 without OpenMP, or where loading ``lib``
+    brought an OpenMP runtime torch does not use (its threads would contend with torch's)."""
+    if lib is None or getattr(lib, "own_openmp", False):
+        return 1
+    try:
+        team_of = lib.parallel_threads
+    except AttributeError:  # a library with no row-parallel kernels
+        return 1
+    team_of.restype = ctypes.c_int64
+    team = max(1, int(team_of()))
+    named = settings().host_threads
+    return min(team, named) if named else team
+
+
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP runtimes mapped into this process (libgomp, libiomp5, libomp), by path;
+    empty where ``/proc`` cannot say."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    return {
+        line.split()[-1]
+        for line in maps.splitlines()
+        if "omp" in line.rsplit("/", 1)[-1] and line.split()[-1].startswith("/")
+    }
 
 
 def _cpu_flags() -> str:
@@ -74,14 +113,21 @@ def load(name: str) -> ctypes.CDLL | None:
         logger.warning("constrained: no C compiler found: %s runs in torch / NumPy", name)
         return None
     text = source.read_bytes()
-    for flags in ((*FLAGS, *NATIVE), FLAGS):  # a compiler without -march=native: plain
+    # a compiler without OpenMP, or without -march=native: plainer builds
+    for flags in ((*FLAGS, *OPENMP, *NATIVE), (*FLAGS, *NATIVE), FLAGS):
         key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), _cpu_flags().encode(),
                                          cc.encode()])).hexdigest()[:16]  # fmt: skip
         target = settings().cache_dir / "host-kernels" / f"{name}-{key}.so"
         if not target.is_file() and not _build(cc, source, flags, target):
             continue
         try:
-            return ctypes.CDLL(str(target))
+            before = _openmp_runtimes()
+            lib = ctypes.CDLL(str(target))
+            lib.own_openmp = bool(_openmp_runtimes() - before)
+            if lib.own_openmp:
+                logger.warning("constrained: %s loaded an OpenMP runtime of its own: one "
+                               "thread", name)  # fmt: skip
+            return lib
         except OSError as exc:
             logger.warning("constrained: %s did not load (%s)", target, exc)
     logger.warning("constrained: %s did not compile: it runs in torch / NumPy", name)

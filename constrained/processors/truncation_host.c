@@ -15,6 +15,8 @@
  * compiler vectorizes them without reassociating), the exp is this file's own polynomial,
  * and the build contracts no products into FMAs (host_kernels.py: -ffp-contract=off; and
  * -fno-trapping-math, without which no loop with a comparison vectorizes).
+ * Rows are independent: typical_rows_parallel shares them among OpenMP threads where the
+ * build has OpenMP (host_kernels.py tries -fopenmp first).
  * Loaded by processors/host_kernels.py; called by truncation_math (typical_bounds_native,
  * mask_outside_rows_native).
  */
@@ -22,6 +24,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define BINS 4096
 #define LANES 16
@@ -212,6 +217,43 @@ void typical_rows(float *logits, int64_t stride, int64_t rows, int64_t n, const 
     for (int64_t r = 0; r < rows; r++)
         typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, low + r,
                     high + r, (int)mask);
+}
+
+/* typical_rows with the rows shared among the OpenMP threads of the process: built with
+ * -fopenmp, this library uses the OpenMP runtime torch loaded (the same threads, bound to
+ * the cores vLLM gave its worker, idle while the logits processors run; a thread of our
+ * own would share a core with one of them spinning). At most threads of them (> 0; and
+ * never more than the runtime's team). Thread t works in w + t * n, bucket + t * n,
+ * members + t * n: a row's result does not depend on which thread ran it. Without OpenMP:
+ * one thread. */
+void typical_rows_parallel(float *logits, int64_t stride, int64_t rows, int64_t n,
+                           const float *mass, float *w, uint16_t *bucket, member_t *members,
+                           float *low, float *high, int64_t mask, int64_t threads) {
+#ifdef _OPENMP
+    int64_t team = omp_get_max_threads();
+    team = threads < team ? threads : team;
+    team = rows < team ? rows : team;
+    team = team < 1 ? 1 : team;
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)team)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = omp_get_thread_num();
+        double hist[BINS + 1];
+        typical_row(logits + r * stride, n, mass[r], w + t * n, bucket + t * n, members + t * n,
+                    hist, low + r, high + r, (int)mask);
+    }
+#else
+    (void)threads;
+    typical_rows(logits, stride, rows, n, mass, w, bucket, members, low, high, mask);
+#endif
+}
+
+/* How many threads typical_rows_parallel may use: the OpenMP team (1 without OpenMP). */
+int64_t parallel_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 /* Each of count rows (row rows[i] at logits + rows[i] * stride, n logits) keeps low[i] <= x

@@ -370,7 +370,12 @@ def typical_bounds_on_host(
 
 
 def typical_bounds_native(
-    logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch, kernel: Any, mask: bool = False
+    logits: torch.Tensor,
+    mass: torch.Tensor,
+    scratch: Scratch,
+    kernel: Any,
+    mask: bool = False,
+    threads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``typical_bounds_on_host`` in C (``truncation_host.c``, from ``host_kernel``): the same
     histogram search in four passes a row (``exp`` and sums from a sampled top, buckets,
@@ -378,19 +383,22 @@ def typical_bounds_native(
     widened interval. ``mask``: also set every logit of ``logits`` outside it to ``-inf``,
     each row right after its search (while it is in cache): ``logits`` must then be the
     batch's own rows (a view), not a copy. ``logits``: a CPU block of float32 rows, each
-    contiguous."""
+    contiguous. ``threads``: at most how many of the process's OpenMP threads share the rows
+    (``host_kernels.threads``; each with its own work row: the results do not depend on
+    it)."""
     rows, width = logits.shape
-    ref = logits[:1]
+    threads = max(1, min(threads, rows))
+    ref = logits[:threads]
     work = scratch.like("w", ref)
     bucket = scratch.like("bucket16", ref, torch.int16)
     members = scratch.like("members", ref, torch.float64)  # (d, w) float32 pairs
     low = torch.empty(rows, dtype=torch.float32)
     high = torch.empty(rows, dtype=torch.float32)
     masses = mass.to(torch.float32).contiguous()
-    kernel.typical_rows(
+    kernel.typical_rows_parallel(
         logits.data_ptr(), logits.stride(0), rows, width, masses.data_ptr(),
         work.data_ptr(), bucket.data_ptr(), members.data_ptr(),
-        low.data_ptr(), high.data_ptr(), int(mask),
+        low.data_ptr(), high.data_ptr(), int(mask), threads,
     )  # fmt: skip
     return low, high
 
@@ -423,6 +431,8 @@ def host_kernel() -> Any:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.typical_rows.argtypes = [pointer, size, size, size, *[pointer] * 6, size]
     lib.typical_rows.restype = None
+    lib.typical_rows_parallel.argtypes = [pointer, size, size, size, *[pointer] * 6, size, size]
+    lib.typical_rows_parallel.restype = None
     lib.mask_outside_rows.argtypes = [pointer, size, pointer, size, size, pointer, pointer]
     lib.mask_outside_rows.restype = None
     return lib

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from constrained.options import Options
+from constrained.processors.host_kernels import threads as host_threads
 from constrained.processors.truncation import Bounds, TruncationProcessor
 from constrained.processors.truncation_kernels import typical_bounds_kernel
 from constrained.processors.truncation_math import (
@@ -41,6 +42,7 @@ class TypicalPProcessor(TruncationProcessor):
         self.device_bounds = typical_bounds_kernel if self.on_triton else typical_bounds
         if self.host_kernel is not None:
             self.ROWS_PER_BLOCK = 64
+        self.host_threads = host_threads(self.host_kernel)
 
     def value_of(self, options: Options) -> float | None:
         value = options.typical_p
@@ -50,7 +52,9 @@ class TypicalPProcessor(TruncationProcessor):
         kernel = self.native_for(block)
         if kernel is None:
             return False
-        typical_bounds_native(block, params["typical_p"], self.scratch, kernel, mask=True)
+        typical_bounds_native(
+            block, params["typical_p"], self.scratch, kernel, mask=True, threads=self.host_threads
+        )
         return True
 
     def bounds(
@@ -59,6 +63,8 @@ class TypicalPProcessor(TruncationProcessor):
         if on_host:
             kernel = self.native_for(logits)
             if kernel is not None:
-                return typical_bounds_native(logits, params["typical_p"], self.scratch, kernel)
+                return typical_bounds_native(
+                    logits, params["typical_p"], self.scratch, kernel, threads=self.host_threads
+                )
             return typical_bounds_on_host(logits, params["typical_p"], self.scratch)
         return self.device_bounds(logits, params["typical_p"])
