@@ -172,10 +172,11 @@ class Walks:
     token cannot end in time (``no_end``: a known suffix completes but is too long, or its
     walk found nothing; not a check cut short by the walk budget)."""
 
-    def __init__(self) -> None:
+    def __init__(self, why: bool = False) -> None:
         self.left = WALK_TOKENS
         self.failed: set[int] = set()
         self.no_end = False
+        self.why = why  # whether a failed check must say if it was ``no_end`` (risers)
 
 
 class Cleared:
@@ -605,7 +606,7 @@ class ClosingMatcher(MatcherWrapper):
         if np.count_nonzero(keep) > EXACT_MAX:
             return
         safe: dict[int, list[int]] = {}
-        walks, risers = Walks(), []
+        walks, risers = Walks(why=True), []
         walks.left = RISER_WALK_TOKENS
         tokens = np.flatnonzero(keep).tolist()
         for token in tokens:
@@ -807,14 +808,22 @@ class ClosingMatcher(MatcherWrapper):
                 if completes(self.inner, [token])
                 else None
             )
-        too_long = False
+        longer = []  # known suffixes too long for the room: tried only where it matters
         for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room:
                 if completes(self.inner, [token, *suffix]):
                     return self._found(token, suffix, witness, safe, key, learnt)
-            elif not too_long:
-                too_long = completes(self.inner, [token, *suffix])
-        if too_long or walks.left <= 0 or key in walks.failed:
+            else:
+                longer.append(suffix)
+        # No slack (the witness's rest takes the whole room): a completion after another
+        # token must be as short as the witness's own, which the known suffixes above
+        # already try (its siblings, its aligned text); walks there almost never find one,
+        # and were most of a tight wide row's cost.
+        walk = walks.left > 0 and key not in walks.failed and room >= len(witness)
+        if not walk and not walks.why:  # a sort: an unchecked token is cleared either way
+            return None
+        too_long = any(completes(self.inner, [token, *suffix]) for suffix in longer)
+        if too_long or not walk:
             walks.no_end = too_long
             return None
         if self.inner.try_consume([token]) != 1:
