@@ -413,6 +413,7 @@ class ClosingMatcher(MatcherWrapper):
         # inside a string), and the grammar's, shared by its requests (``shared_sorts``).
         self._last_sort: Sort | None = None
         self.shared = shared
+        self._witness_text: tuple | None = None  # ``_text_of``'s last answer
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -712,7 +713,8 @@ class ClosingMatcher(MatcherWrapper):
                     unsafe.append(token)
             return safe, by_class, unsafe
         classes = token_classes(self.vocab)[0]
-        leads = np.fromiter(self._leads(witness), dtype=np.int64)
+        is_lead = np.zeros(self.vocab.width, dtype=bool)  # one lookup a class, not an isin
+        is_lead[list(self._leads(witness))] = True
         unchecked: list[np.ndarray] = []  # members past CLASS_CHECKS: cleared
         # The allowed tokens by class, shortest first (one pass over the vocabulary's order).
         ordered = class_order(self.vocab)
@@ -731,7 +733,7 @@ class ClosingMatcher(MatcherWrapper):
             # Its members checked one by one: first those writing the witness's first bytes
             # (its own first token among them), then up to CLASS_CHECKS others.
             inner = ordered[begin + 1 : end - 1]
-            lead = np.isin(inner, leads) if leads.size else np.zeros(inner.size, dtype=bool)
+            lead = is_lead[inner]
             others = inner[~lead]
             checked = inner[lead].tolist() + others[:CLASS_CHECKS].tolist()
             unsafe += [
@@ -755,27 +757,32 @@ class ClosingMatcher(MatcherWrapper):
         found.discard(None)
         return found  # type: ignore[return-value]
 
-    def _aligned(self, token: int, witness: list[int]) -> list[int] | None:
-        """The witness's text after the token's, when the token writes the witness's first
-        bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
-        the token ends on one of their bounds, else as the tokenizer writes it."""
+    def _text_of(self, witness: list[int]) -> tuple[bytes, dict[int, int]]:
+        """The witness's text and its tokens' bounds in it (byte offset -> tokens before),
+        kept for the last witness: a sort asks for every token it checks."""
+        kept = self._witness_text
+        if kept is not None and kept[0] is witness and kept[1] == len(witness):
+            return kept[2], kept[3]
         pieces = self.vocab.token_bytes()
-        piece = pieces[token]
-        if not piece or not witness:
-            return None
         text, bounds = b"", {0: 0}
         for k, tok in enumerate(witness, start=1):
             text += pieces[tok]
             bounds[len(text)] = k
-            if len(text) >= len(piece):
-                break
-        if not text.startswith(piece) and not piece.startswith(text):
+        self._witness_text = (witness, len(witness), text, bounds)
+        return text, bounds
+
+    def _aligned(self, token: int, witness: list[int]) -> list[int] | None:
+        """The witness's text after the token's, when the token writes the witness's first
+        bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
+        the token ends on one of their bounds, else as the tokenizer writes it."""
+        piece = self.vocab.token_bytes()[token]
+        if not piece or not witness:
+            return None
+        rest, bounds = self._text_of(witness)
+        if not rest.startswith(piece):
             return None
         if len(piece) in bounds:
             return witness[bounds[len(piece)] :]
-        rest = b"".join(pieces[tok] for tok in witness)
-        if not rest.startswith(piece):
-            return None
         try:
             remainder = rest[len(piece) :].decode()
         except UnicodeDecodeError:
