@@ -66,11 +66,9 @@ def threads(lib: ctypes.CDLL | None) -> int:
     if lib is None or getattr(lib, "own_openmp", False):
         return 1
     try:
-        team_of = lib.parallel_threads
+        team = max(1, int(lib.parallel_threads()))  # its signature: the math module's loader
     except AttributeError:  # a library with no row-parallel kernels
         return 1
-    team_of.restype = ctypes.c_int64
-    team = max(1, int(team_of()))
     named = settings().host_threads
     return min(team, named) if named else team
 

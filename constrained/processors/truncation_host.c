@@ -1,5 +1,5 @@
 /* The truncation samplers on the host (Model Runner V1 on CPU): typical-p's search for each
- * row's kept interval in four passes (typical_rows), and the mask of every row's logits
+ * row's kept interval in four passes (typical_rows_parallel), and the mask of every row's logits
  * outside its interval in one (mask_outside_rows).
  *
  * The math of truncation_math.typical_bounds_on_host, fused: with s = max(l - base, -110)
@@ -209,17 +209,8 @@ static void typical_row(float *l, int64_t n, double mass, float *w, uint16_t *bu
 
 /* rows x n logits (row r at logits + r * stride), mass per row: each row's kept interval
  * [low, high], and with mask != 0 every logit outside it set to -inf (row by row, while it
- * is in cache). Work: n floats (w), n uint16 (buckets), n members. */
-void typical_rows(float *logits, int64_t stride, int64_t rows, int64_t n, const float *mass,
-                  float *w, uint16_t *bucket, member_t *members, float *low, float *high,
-                  int64_t mask) {
-    double hist[BINS + 1];
-    for (int64_t r = 0; r < rows; r++)
-        typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, low + r,
-                    high + r, (int)mask);
-}
-
-/* typical_rows with the rows shared among the OpenMP threads of the process: built with
+ * is in cache). Work per thread: n floats (w), n uint16 (buckets), n members.
+ * The rows are shared among the OpenMP threads of the process: built with
  * -fopenmp, this library uses the OpenMP runtime torch loaded (the same threads, bound to
  * the cores vLLM gave its worker, idle while the logits processors run; a thread of our
  * own would share a core with one of them spinning). At most threads of them (> 0; and
@@ -243,7 +234,10 @@ void typical_rows_parallel(float *logits, int64_t stride, int64_t rows, int64_t 
     }
 #else
     (void)threads;
-    typical_rows(logits, stride, rows, n, mass, w, bucket, members, low, high, mask);
+    double hist[BINS + 1];
+    for (int64_t r = 0; r < rows; r++)
+        typical_row(logits + r * stride, n, mass[r], w, bucket, members, hist, low + r,
+                    high + r, (int)mask);
 #endif
 }
 

@@ -429,10 +429,10 @@ def host_kernel() -> Any:
     if lib is None:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.typical_rows.argtypes = [pointer, size, size, size, *[pointer] * 6, size]
-    lib.typical_rows.restype = None
     lib.typical_rows_parallel.argtypes = [pointer, size, size, size, *[pointer] * 6, size, size]
     lib.typical_rows_parallel.restype = None
+    lib.parallel_threads.argtypes = []
+    lib.parallel_threads.restype = size
     lib.mask_outside_rows.argtypes = [pointer, size, pointer, size, size, pointer, pointer]
     lib.mask_outside_rows.restype = None
     return lib
