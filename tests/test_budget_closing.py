@@ -449,3 +449,33 @@ def test_a_rollback_past_the_committed_state_forgets_the_draft_rows_checks(vocab
     assert stack.drafts == {}
     assert stack.consume(path[-3:])  # and it follows the output again from there
     assert allowed(stack, bitmask, 0, WIDTH).size
+
+
+def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
+    """More grammars in use than stores kept (a mixed batch): a store is dropped and made
+    again every step, but its grammar's finalizer (which forgets the store when the grammar
+    dies) is registered once, not once a step (they would pile up while grammars are
+    cached); and a grammar that dies takes its store with it."""
+    import gc
+
+    from constrained.grammars import closing_matcher
+    from constrained.grammars.closing_matcher import forget_shared_sorts, shared_sorts
+
+    class Grammar:
+        history = False
+
+    registered = []
+    finalize = closing_matcher.weakref.finalize
+    monkeypatch.setattr(closing_matcher.weakref, "finalize",
+                        lambda *a: registered.append(a[-1]) or finalize(*a))  # fmt: skip
+    forget_shared_sorts()
+    grammars = [Grammar() for _ in range(closing_matcher.SHARED_GRAMMARS + 2)]
+    for _ in range(20):  # each round evicts every store before it is asked for again
+        for grammar in grammars:
+            assert shared_sorts(grammar) is not None
+    assert len(registered) == len(grammars)
+    last = id(grammars[-1])
+    assert last in closing_matcher._SHARED
+    del grammars, grammar
+    gc.collect()
+    assert last not in closing_matcher._SHARED and last not in closing_matcher._WATCHED

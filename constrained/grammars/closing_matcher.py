@@ -268,6 +268,12 @@ def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
 
 SHARED_GRAMMARS = 2  # grammars whose stores are kept (the most recently used)
 _SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
+_WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
+
+
+def _forget(key: int) -> None:
+    _SHARED.pop(key, None)
+    _WATCHED.discard(key)
 
 
 def shared_sorts(grammar: Any) -> OrderedDict | None:
@@ -282,7 +288,9 @@ def shared_sorts(grammar: Any) -> OrderedDict | None:
     sorts = _SHARED.get(key)
     if sorts is None:
         sorts = _SHARED[key] = OrderedDict()
-        weakref.finalize(grammar, _SHARED.pop, key, None)  # its id may be reused after
+        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
+            _WATCHED.add(key)
+            weakref.finalize(grammar, _forget, key)  # its id may be reused after
         while len(_SHARED) > SHARED_GRAMMARS:
             _SHARED.popitem(last=False)
     else:
