@@ -43,6 +43,9 @@ ROOT_WITNESS_TOKENS = 256  # a root witness looks this far (admission's limit to
 _NEVER = np.int32(1 << 30)  # rank of tokens a witness never uses (special, empty)
 _CLOSER = 10  # ranks up to this close a string, object or array
 _LOOKAHEAD = 128  # tokens tried for "can the string close after it" inside a string
+_LOOKAHEAD_MISSES = 8  # lookaheads in a row that found none: then one every this many
+# steps (a ``pattern`` like ``^a|deny$`` after other text closes after no one token; each
+# lookahead is up to 256 checks, and a walk that finds nothing took 114 of them, 76 ms)
 _REUSE_COST = 16  # added to a token's rank each time the walk has used it
 _LITERAL = 20  # rank of JSON's short complete values
 _MULTI_BYTE = 150  # ranks from here: tokens of several bytes (by length)
@@ -122,7 +125,9 @@ def find_witness(
     shortest first: the walk ends as soon as one completes in time (after ``\\`` the walk
     takes ``n``, then the witness closes the string: a walk of one mask, not ten).
     The walk takes one character at a time where the tokenizer writes several, so it may run
-    to twice ``limit`` and still fit once spelt (``shortest_spelling``).
+    to twice ``limit`` and still fit once spelt (``shortest_spelling``). Inside a string it
+    looks ahead for a token the string can close after (``_closing_next``) at each of its
+    first ``_LOOKAHEAD_MISSES`` steps, then at one in that many while none is found.
     """
     wanted = min(limit, MAX_WITNESS_TOKENS)
     path = _walk(
@@ -153,6 +158,7 @@ def _walk(
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     path: list[int] = []
     joins = sorted((list(j) for j in joins if j), key=len)
+    misses = 0  # lookaheads in a row that found no token the string closes after
     try:
         while not matcher.accepts_end():
             if len(path) >= limit:
@@ -195,14 +201,27 @@ def _walk(
             if quoted and matcher.try_consume([quote]) == 1:
                 path.append(quote)
                 continue
-            allowed = allowed_ids(scratch[0], vocab.width)
             ranks = orders[int(in_string)]
-            cost = np.where(allowed, ranks + used, _NEVER)
-            token = _closing_next(matcher, cost, quote) if in_string else None
-            if token is None:
-                token = int(cost.argmin())
-            if not allowed[token] or ranks[token] >= _NEVER:
-                return None
+            look = in_string and (misses < _LOOKAHEAD_MISSES or misses % _LOOKAHEAD_MISSES == 0)
+            cheap, cheap_cost = _allowed_cheap(vocab, int(in_string), used, words)
+            if cheap.size >= _LOOKAHEAD:  # the cheapest tokens all ranked single bytes: no
+                # pass over the vocabulary (the same choice as the whole row's)
+                token = _closing_next(matcher, cheap, cheap_cost, quote) if look else None
+                closes = token is not None
+                if token is None:
+                    token = int(cheap[cheap_cost.argmin()])
+            else:
+                allowed = allowed_ids(scratch[0], vocab.width)
+                cost = np.where(allowed, ranks + used, _NEVER)
+                few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
+                token = _closing_next(matcher, few, cost[few], quote) if look else None
+                closes = token is not None
+                if token is None:
+                    token = int(cost.argmin())
+                if not allowed[token] or ranks[token] >= _NEVER:
+                    return None
+            if in_string:
+                misses = 0 if closes else misses + 1
             if matcher.try_consume([token]) != 1:
                 return None
             path.append(token)
@@ -277,13 +296,17 @@ def completes_prefix(matcher: Matcher, tokens: Sequence[int]) -> bool:
     return accepted == len(tokens)
 
 
-def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
-    """Inside a string: the cheapest of the ``_LOOKAHEAD`` cheapest tokens after which the
-    string can close (``"``) or the output is complete (a ``pattern`` like ``[a-z]x`` needs
-    the right character before the quote; ranks alone would try every other first)."""
-    few = _cheapest(cost, _LOOKAHEAD)
-    for token in few[np.argsort(cost[few], kind="stable")].tolist():
-        if cost[token] >= _NEVER or token == quote:
+def _closing_next(matcher: Matcher, tokens: np.ndarray, cost: np.ndarray, quote: int) -> int | None:
+    """Inside a string: the cheapest of the ``_LOOKAHEAD`` cheapest of ``tokens`` (their
+    ``cost``) after which the string can close (``"``) or the output is complete (a
+    ``pattern`` like ``[a-z]x`` needs the right character before the quote; ranks alone
+    would try every other first)."""
+    if tokens.size >= _LOOKAHEAD:
+        part = np.argpartition(cost, _LOOKAHEAD - 1)[:_LOOKAHEAD]
+        tokens, cost = tokens[part], cost[part]
+    order = np.argsort(cost, kind="stable")
+    for token, rank in zip(tokens[order].tolist(), cost[order].tolist(), strict=True):
+        if rank >= _NEVER or token == quote:
             break
         taken = matcher.accepted([token, quote])  # one check for both, nothing committed
         if taken == 2 or (taken == 1 and matcher.completes([token])):
@@ -291,13 +314,18 @@ def _closing_next(matcher: Matcher, cost: np.ndarray, quote: int) -> int | None:
     return None
 
 
-def _cheapest(cost: np.ndarray, count: int) -> np.ndarray:
-    """The ``count`` cheapest token ids (unordered): one pass over the few tokens ranked
-    below a multi-byte token when enough of them are allowed, else over the vocabulary."""
-    cheap = np.flatnonzero(cost < _MULTI_BYTE)
-    if cheap.size >= count:
-        return cheap[np.argpartition(cost[cheap], count - 1)[:count]]
-    return np.argpartition(cost, count)[:count]
+def _allowed_cheap(
+    vocab: Vocab, order: int, used: np.ndarray, words: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The allowed tokens (ascending) whose cost in a walk (rank in ``token_ranks`` order
+    ``order``: 0 closers first, 1 string content, plus ``used``) is below a multi-byte
+    token's, and their costs: only tokens ranked so can be (``_MULTI_BYTE``), a few hundred."""
+    ranks = token_ranks(vocab, order == 0)
+    pool = vocab._once(f"closing_pool_{order}", lambda: np.flatnonzero(ranks < _MULTI_BYTE))
+    cost = ranks[pool] + used[pool]
+    bits = words[pool >> 5] >> (pool & 31).astype(np.uint32) & 1
+    keep = (bits == 1) & (cost < _MULTI_BYTE)
+    return pool[keep], cost[keep]
 
 
 def completes(matcher: Matcher, tokens: Sequence[int]) -> bool:

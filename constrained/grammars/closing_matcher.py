@@ -39,12 +39,15 @@ and narrowed to exactly its safe tokens otherwise:
   store (a batch with one schema checks the first row inside each string once).
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
-  are one class): its shortest and longest member stand for it; a class where either
+  are one class; in a free string's row, ``text_classes``, where ``a{b`` and ``,`` are
+  text too): its shortest and longest member stand for it; a class where either
   fails is checked token by token (``CLASS_CHECKS`` of them, none when both ends found
   the known suffixes complete but too long: its members write the same text; the rest are
   cleared). A member taken on its class's word is not trusted as a witness: the next step
   checks it. With no room left after a token (``left == 2``) it must end the output
-  itself: one check, no suffix, no walk.
+  itself: one check, no suffix, no walk. Before a walk, a token's bridge is tried (what a
+  walk of this request took after it, or its class, before a witness completed, put before
+  this row's witness; for a token cut inside a UTF-8 character, the bytes that finish it).
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -93,7 +96,9 @@ WALK_TOKENS = 96  # walk budget per narrowed row, for tokens no known suffix com
 # (charged a found walk's spelt length, a failed one's room: masks run to about twice it)
 RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a key row:
 # its prefixes' walks fail first)
-RECHECK_EVERY = 16  # tokens between walks while none finds a completion
+RECHECK_EVERY = 16  # tokens before walking again after a walk found no completion,
+# doubled after each such walk in a row (a failed walk runs to its room: 40-100 ms inside a
+# string whose ``pattern`` the walk cannot meet, each time, for a row that is cut anyway)
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
@@ -127,16 +132,73 @@ def token_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
     return vocab._once("closing_classes", build)
 
 
-def class_order(vocab: Vocab) -> np.ndarray:
-    """Every token id ordered by structure class, then byte length, then id (a wide row's
-    allowed tokens keep this order: its classes' shortest and longest members at their
-    ends)."""
+TEXT_CLASSES = 1 << 20  # text classes' ids start here (never equal to a structure class's)
+_TEXT = np.ones(256, dtype=bool)
+_TEXT[list(b'"\\')] = False  # inside a JSON string only these end or escape the text
+_TEXT[:0x20] = False  # (control bytes are not text there)
+TEXT_PROBE = b"{}[],: a"  # a row allowing each as a token of its own is inside free text
+
+
+def text_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's class inside free text, where ``{}[],:`` are plain characters: the
+    bytes before its first quote, backslash or control byte collapsed as one run, the rest
+    as in ``token_classes`` (``a{b``, ``abc`` and ``,`` are one class; ``"`` ``}`` another),
+    and the UTF-8 bounds. Ids from ``TEXT_CLASSES`` on; and the byte lengths."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        keys: dict[bytes, int] = {}
+        classes = np.full(vocab.width, -1, dtype=np.int64)
+        lengths = np.zeros(vocab.width, dtype=np.int64)
+        for token, piece in enumerate(vocab.token_bytes()):
+            if not piece:
+                continue
+            key, text = bytearray(), True
+            for byte in piece:
+                text = text and _TEXT[byte]
+                plain = text or _PLAIN[byte]
+                if not (plain and key[-1:] == b"\x00"):
+                    key.append(0 if plain else byte)
+            key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
+            classes[token] = TEXT_CLASSES + keys.setdefault(bytes(key), len(keys))
+            lengths[token] = len(piece)
+        return classes, lengths
+
+    return vocab._once("closing_text_classes", build)
+
+
+def class_order(vocab: Vocab, text: bool = False) -> np.ndarray:
+    """Every token id ordered by class (``text_classes`` when ``text``, else
+    ``token_classes``), then byte length, then id (a wide row's allowed tokens keep this
+    order: its classes' shortest and longest members at their ends)."""
 
     def build() -> np.ndarray:
-        classes, lengths = token_classes(vocab)
+        classes, lengths = text_classes(vocab) if text else token_classes(vocab)
         return np.lexsort((lengths, classes))
 
-    return vocab._once("closing_class_order", build)
+    return vocab._once("closing_text_order" if text else "closing_class_order", build)
+
+
+def in_free_text(vocab: Vocab, words: np.ndarray) -> bool:
+    """Whether a row allows each byte of ``TEXT_PROBE`` as a token of its own: free text
+    (inside a JSON string), where those bytes write text as letters do; structure
+    (JSON between values, a ``uri`` format's ``[::1]:80``) never allows all of them."""
+
+    def build() -> np.ndarray:
+        by_bytes = _by_bytes(vocab)
+        return np.asarray([by_bytes.get(bytes([b]), -1) for b in TEXT_PROBE], dtype=np.int64)
+
+    probe = vocab._once("closing_text_probe", build)
+    if (probe < 0).any():
+        return False
+    return bool(np.all(words[probe // 32] >> (probe % 32).astype(np.uint32) & 1))
+
+
+def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
+    """Each token's id by its bytes."""
+    pieces = vocab.token_bytes()
+    return vocab._once(
+        "closing_by_bytes", lambda: {piece: i for i, piece in enumerate(pieces) if piece}
+    )
 
 
 def _leading_continuations(piece: bytes) -> int:
@@ -271,9 +333,49 @@ _SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its sto
 _WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
 
 
+BRIDGES = 256  # bridges a request keeps (``ClosingMatcher.bridges``)
+
+
 def _forget(key: int) -> None:
     _SHARED.pop(key, None)
     _WATCHED.discard(key)
+
+
+def _watch(grammar: Any) -> int:
+    """The grammar's key in the stores, forgotten with it (one finalizer a grammar, however
+    often its stores return: its id may be reused after)."""
+    key = id(grammar)
+    if key not in _WATCHED:
+        _WATCHED.add(key)
+        weakref.finalize(grammar, _forget, key)
+    return key
+
+
+def utf8_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
+    """Single-byte tokens that finish the UTF-8 character a token ends inside (none when it
+    ends on a character's end): the lowest continuation bytes its lead byte allows."""
+
+    def build() -> dict[int, tuple[int, ...]]:
+        by_bytes = _by_bytes(vocab)
+        finish: dict[int, tuple[int, ...]] = {}
+        for tok, piece in enumerate(vocab.token_bytes()):
+            owed = _open_bytes(piece) if piece else 0
+            if not owed:
+                continue
+            start = len(piece) - next(back for back in range(1, 5) if piece[-back] & 0xC0 != 0x80)
+            for first in (0x80, 0x90, 0xA0):  # E0 needs A0+, F0 90+, ED and F4 below them
+                more = bytes([first] + [0x80] * (owed - 1))
+                try:
+                    (piece[start:] + more).decode()
+                except UnicodeDecodeError:
+                    continue
+                ids = [by_bytes.get(bytes([b])) for b in more]
+                if all(i is not None for i in ids):
+                    finish[tok] = tuple(ids)  # type: ignore[arg-type]
+                break
+        return finish
+
+    return vocab._once("closing_utf8_finish", build).get(token, ())
 
 
 def shared_sorts(grammar: Any) -> OrderedDict | None:
@@ -284,13 +386,10 @@ def shared_sorts(grammar: Any) -> OrderedDict | None:
     (``history``: the items an array saw), where equal rows are not equal states."""
     if grammar.history:
         return None
-    key = id(grammar)
+    key = _watch(grammar)
     sorts = _SHARED.get(key)
     if sorts is None:
         sorts = _SHARED[key] = OrderedDict()
-        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
-            _WATCHED.add(key)
-            weakref.finalize(grammar, _forget, key)  # its id may be reused after
         while len(_SHARED) > SHARED_GRAMMARS:
             _SHARED.popitem(last=False)
     else:
@@ -409,6 +508,7 @@ class ClosingMatcher(MatcherWrapper):
         self.narrowed = False  # the last committed near row was narrowed (not by risers)
         self.warned = False
         self.walk_after = 0  # no walk before this count (the last one found nothing)
+        self.failed_walks = 0  # walks in a row from the committed state that found nothing
         # The last suffix other than the witness's that completed after a token, and after a
         # member of a wide row's class (a walk's, mostly: ``",`` needs the next property, a
         # UTF-8 lead byte its continuation): tried before walking again, in this row and the
@@ -416,6 +516,12 @@ class ClosingMatcher(MatcherWrapper):
         self.recent: dict[int, list[int]] = {}
         self.recent_by_class: dict[int, list[int]] = {}
         self.learnt: list[list[int]] = []  # the last few of them, any token's, newest first
+        # What a walk took after a token (key ``-1 - token``) or a member of a class (its
+        # key) before the witness of its row, or its tail, completed (``\xa1\xa2`` after
+        # the UTF-8 lead byte ``\xe0``, ``":""`` after a key): tried, before the suffixes
+        # above, with whatever witness a later row has. The request's own: a row depends on
+        # its request's output only, not on what other requests walked before it.
+        self.bridges: OrderedDict[int, tuple[tuple[int, ...], int]] = OrderedDict()
         self._scratch = scratch  # a host bitmask row for walks (the writer's: one per engine)
         # The last committed near row's sort (reused while the row stays the same: text
         # inside a string), and the grammar's, shared by its requests (``shared_sorts``).
@@ -475,11 +581,11 @@ class ClosingMatcher(MatcherWrapper):
             return
         # Off the witness: it may still complete (text inside a string), or its class's
         # suffix may, or neither; the need rises by at most ``grow`` a token.
-        key = int(token_classes(self.vocab)[0][new[-1]])
-        found = by_class.get(key)
-        tries = [found] if found is not None else list(self.candidates)
+        keys = self._class_keys(new[-1])
+        found = [by_class[key] for key in keys if key in by_class]
+        tries = found or list(self.candidates)
         # what an earlier row's check found after this token or one of its class
-        tries += [s for s in (self.recent.get(new[-1]), self.recent_by_class.get(key)) if s]
+        tries += [s for s in (self.recent.get(new[-1]), *map(self.recent_by_class.get, keys)) if s]
         tries += self.learnt  # (sorted below)
         if len(new) > 1:  # a replayed (resumed) output or accepted drafts: what was known
             tries += self.hints
@@ -517,13 +623,15 @@ class ClosingMatcher(MatcherWrapper):
         )
         if ahead[-1] in safe:
             return safe[ahead[-1]]
-        tries = []
-        found = by_class.get(int(token_classes(self.vocab)[0][ahead[-1]]))
-        if found is not None:
-            tries.append(found)
+        tries = [by_class[key] for key in self._class_keys(ahead[-1]) if key in by_class]
         if witness is not None:
             tries += [witness[k:] for k in range(min(len(ahead), len(witness)) + 1)]
         return next((s for s in sorted(tries, key=len) if completes(self.inner, s)), None)
+
+    def _class_keys(self, token: int) -> tuple[int, int]:
+        """The token's class as a structure and as free text (a sort keyed its classes by
+        one or the other, as its row was)."""
+        return (int(token_classes(self.vocab)[0][token]), int(text_classes(self.vocab)[0][token]))
 
     def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
         """A completion from the current state within ``limit`` (``find_witness``), ending
@@ -558,8 +666,10 @@ class ClosingMatcher(MatcherWrapper):
             return  # a walk from near here found nothing: the next one a few tokens on
         if witness is None:
             witness = self._walk(max(left - 1, 0))
-            if witness is None and committed:
-                self.walk_after = self.count + RECHECK_EVERY
+            if committed:
+                self.failed_walks = 0 if witness is not None else self.failed_walks + 1
+                if witness is None:
+                    self.walk_after = self.count + (RECHECK_EVERY << (self.failed_walks - 1))
         if committed:
             self.witness, self.candidates = witness, []
             self.need_bound = len(witness) if witness is not None else 1 << 30
@@ -695,7 +805,8 @@ class ClosingMatcher(MatcherWrapper):
         if any(len(suffix) > room for suffix in last.by_class.values()):
             return None
         safe, unsafe, walks = dict(last.safe), [], Walks()
-        classes = token_classes(self.vocab)[0]
+        text = in_free_text(self.vocab, words)
+        classes = (text_classes if text else token_classes)(self.vocab)[0]
         for token in [token for token, suffix in safe.items() if len(suffix) > room]:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
@@ -720,12 +831,13 @@ class ClosingMatcher(MatcherWrapper):
                 if self._check(token, witness, left, safe, walks) is None:
                     unsafe.append(token)
             return safe, by_class, unsafe
-        classes = token_classes(self.vocab)[0]
+        text = in_free_text(self.vocab, bitmask[row].numpy().view(np.uint32))
+        classes = (text_classes if text else token_classes)(self.vocab)[0]
         is_lead = np.zeros(self.vocab.width, dtype=bool)  # one lookup a class, not an isin
         is_lead[list(self._leads(witness))] = True
         unchecked: list[np.ndarray] = []  # members past CLASS_CHECKS: cleared
         # The allowed tokens by class, shortest first (one pass over the vocabulary's order).
-        ordered = class_order(self.vocab)
+        ordered = class_order(self.vocab, text)
         ordered = ordered[keep[ordered]]
         keys = classes[ordered]
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
@@ -757,9 +869,7 @@ class ClosingMatcher(MatcherWrapper):
         """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
         witness ``</`` ``parameter`` ``>``...)."""
         pieces = self.vocab.token_bytes()
-        by_bytes = self.vocab._once(
-            "closing_by_bytes", lambda: {piece: i for i, piece in enumerate(pieces) if piece}
-        )
+        by_bytes = _by_bytes(self.vocab)
         text = b"".join(pieces[token] for token in witness[:8])
         found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), 48) + 1)}
         found.discard(None)
@@ -874,6 +984,12 @@ class ClosingMatcher(MatcherWrapper):
         known = self.recent_by_class.get(key) if key is not None else None
         if known is not None and known is not mine:
             yield known, True
+        tried = [suffix for suffix in (mine, known) if suffix is not None]
+        for bridge, tail in self._bridges_of(token, key):
+            suffix = [*bridge, *witness[tail:]]
+            if suffix not in tried:
+                tried.append(suffix)
+                yield suffix, True
         for other in sorted(self.learnt, key=len):
             if other is not mine and other is not known:
                 yield other, True
@@ -897,9 +1013,48 @@ class ClosingMatcher(MatcherWrapper):
             self.recent[token] = safe[token]
             if key is not None:
                 self.recent_by_class[key] = safe[token]
+            self._bridge(token, key, suffix, witness)
             if suffix not in self.learnt:
                 self.learnt = [safe[token], *self.learnt[: LEARNT - 1]]
         return safe[token]
+
+    def _bridge(self, token: int, key: int | None, suffix: list[int], witness: list[int]) -> None:
+        """Keep what ``suffix`` adds before ``witness`` (or its tail) as the token's and its
+        class's bridge."""
+        pieces = self.vocab.token_bytes()
+        total = b"".join(pieces[t] for t in suffix)
+        bridge = None
+        for tail in (0, 1):  # on bytes: a walk's suffix is spelt again (``shortest_spelling``)
+            end = b"".join(pieces[t] for t in witness[tail:])
+            cut = len(total) - len(end)
+            if not end or cut <= 0 or not total.endswith(end):
+                continue
+            size, k = 0, 0
+            while size < cut:  # the suffix's tokens before the witness's text, if one ends there
+                size += len(pieces[suffix[k]])
+                k += 1
+            if size == cut:
+                bridge = (tuple(suffix[:k]), tail)
+                break
+        if bridge is None:
+            return
+        bridges = self.bridges
+        for bridged in (-1 - token, key):
+            if bridged is not None:
+                bridges[bridged] = bridge
+                bridges.move_to_end(bridged)
+        while len(bridges) > BRIDGES:
+            bridges.popitem(last=False)
+
+    def _bridges_of(self, token: int, key: int | None) -> Iterator[tuple[Sequence[int], int]]:
+        """The bridges known for a token, then its class, and for a token that ends inside
+        a UTF-8 character the bytes that finish one (``\xe0`` -> ``\xa0`` ``\x80``)."""
+        for bridged in (-1 - token, key):
+            if bridged is not None and bridged in self.bridges:
+                yield self.bridges[bridged]
+        finish = utf8_finish(self.vocab, token)
+        if finish:
+            yield finish, 0
 
     def _warn(self, left: int, needed: int | None) -> None:
         """Say once, in the engine's log, that this request may be cut at ``max_tokens``."""

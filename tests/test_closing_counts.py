@@ -1,0 +1,199 @@
+"""What closing's checks cost, counted rather than timed: the token classes a free string's
+row is checked by, the lookaheads a walk that finds nothing takes, the walks a request
+repeats, and how often a request that found no completion walks again (issue #27)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from constrained.grammars import GrammarSpec, compile_now
+from constrained.grammars import closing as closing_module
+from constrained.grammars.closing import find_witness
+from constrained.grammars.closing_matcher import (
+    RECHECK_EVERY,
+    ClosingMatcher,
+    _open_bytes,
+    in_free_text,
+    text_classes,
+    token_classes,
+    utf8_finish,
+)
+from constrained.grammars.matcher import words_for
+from tests.test_grammar_bookkeeping import WIDTH, vocab
+
+__all__ = ["vocab"]
+
+# A pattern read as "starts with allow, or ends with deny": after other text only ``deny``
+# then ``"`` closes the string, which no walk's choice of one token at a time reaches.
+DENY = {
+    "type": "object",
+    "properties": {"effect": {"type": "string", "pattern": "^allow|deny$"}},
+    "required": ["effect"],
+}
+
+
+def ids(vocab, *pieces: bytes) -> list[int]:
+    by_bytes = {piece: token for token, piece in enumerate(vocab.token_bytes()) if piece}
+    return [by_bytes[piece] for piece in pieces]
+
+
+def grammar(vocab, schema: dict):
+    return compile_now(GrammarSpec("json_schema", json.dumps(schema)), vocab)
+
+
+def test_free_text_classes_write_structure_bytes_as_text(vocab):
+    """Inside a JSON string ``{}[],:`` are characters like letters: one class for ``a``,
+    ``{``, ``,`` and ``hello`` (the structure classes keep them apart); a quote, what
+    follows it, and a UTF-8 character cut by the token still make classes of their own."""
+    text, structure = text_classes(vocab)[0], token_classes(vocab)[0]
+    a, brace, comma, hello, quote, close, lead = ids(
+        vocab, b"a", b"{", b",", b"hello", b'"', b'"}', b"\xe0"
+    )
+    assert text[a] == text[brace] == text[comma] == text[hello]
+    assert len({structure[a], structure[brace], structure[comma]}) == 3
+    assert len({text[a], text[quote], text[close], text[lead]}) == 4
+    # The two maps never share an id: a sort's classes are keyed by one or the other.
+    assert not set(text[text >= 0].tolist()) & set(structure[structure >= 0].tolist())
+
+
+def test_only_a_free_strings_row_is_free_text(vocab):
+    """A row is read as free text when it allows each of ``{}[],: a`` as a token: inside a
+    plain string yes; between an object's values, and inside a ``uri`` (where ``[::1]:80``
+    has structure), no."""
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string"}, "u": {"type": "string", "format": "uri"}},
+        "required": ["s", "u"],
+    }
+    matcher = grammar(vocab, schema).matcher()
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    encode = vocab.hf_tokenizer.encode
+
+    def free() -> bool:
+        matcher.fill(bitmask, 0)
+        return in_free_text(vocab, bitmask[0].numpy().view(np.uint32))
+
+    assert not free()
+    assert matcher.consume(encode('{"s":"', add_special_tokens=False))
+    assert free()
+    assert matcher.consume(encode('x","u":"http', add_special_tokens=False))
+    assert not free()
+
+
+def test_a_walk_that_finds_nothing_looks_ahead_a_few_times(vocab, monkeypatch):
+    """Inside the string, after text that is not ``allow``, no single token lets the quote
+    close it: the walk finds nothing. It looks ahead (up to 256 checks each) for its first
+    ``_LOOKAHEAD_MISSES`` steps, then one step in that many (it did at every one of its 114
+    steps: 76 ms a walk, every 16 tokens, in a request cut anyway)."""
+    matcher = grammar(vocab, DENY).matcher()
+    text = vocab.hf_tokenizer.encode('{"effect":"\' string', add_special_tokens=False)
+    assert matcher.consume(text)
+    looks = []
+    closing_next = closing_module._closing_next
+    monkeypatch.setattr(
+        closing_module,
+        "_closing_next",
+        lambda *args: looks.append(1) or closing_next(*args),
+    )
+    assert find_witness(matcher, vocab, 55) is None
+    steps = 2 * 55 + 4
+    misses = closing_module._LOOKAHEAD_MISSES
+    assert 0 < len(looks) <= misses + steps // misses
+    # A pattern whose close one token reaches is still closed by the lookahead.
+    ends = {**DENY, "properties": {"effect": {"type": "string", "pattern": "^.*q$"}}}
+    other = grammar(vocab, ends).matcher()
+    assert other.consume(vocab.hf_tokenizer.encode('{"effect":"ab', add_special_tokens=False))
+    found = find_witness(other, vocab, 8)
+    assert found is not None
+    assert b"".join(vocab.token_bytes()[t] for t in found).startswith(b'q"')
+
+
+def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
+    """``utf8_finish``: for every token that ends inside a UTF-8 character, single-byte
+    tokens whose bytes finish it (the lead byte's own range: ``\\xe0`` needs ``\\xa0`` or
+    more, ``\\xed`` less), tried after it before any walk."""
+    pieces = vocab.token_bytes()
+    cut = [t for t, piece in enumerate(pieces) if piece and _open_bytes(piece)]
+    assert len(cut) > 1000
+    for token in cut:
+        piece, finish = pieces[token], utf8_finish(vocab, token)
+        lead = max(k for k in range(len(piece)) if piece[k] & 0xC0 != 0x80)
+        if piece[lead] in (0xC0, 0xC1) or piece[lead] >= 0xF5:  # no character starts so
+            assert finish == ()
+            continue
+        assert len(finish) == _open_bytes(piece)
+        (piece[lead:] + b"".join(pieces[t] for t in finish)).decode()  # a whole character
+    assert utf8_finish(vocab, ids(vocab, b"a")[0]) == ()
+
+
+def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch):
+    """A near row inside a string checks each class of tokens that end inside a UTF-8
+    character by the bytes that finish one (and remembers what walks found, as bridges,
+    for the next rows): none of them is walked from."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+    }
+    compiled = grammar(vocab, schema)
+    prefix = vocab.hf_tokenizer.encode('{"a":"x', add_special_tokens=False)
+    rest = find_witness(compiled.matcher(), vocab, 64)
+    assert rest is not None
+    stack = ClosingMatcher(compiled.matcher(), vocab, len(prefix) + len(rest) + 4, [rest])
+    assert stack.consume(prefix)
+    walked = []
+    check = ClosingMatcher._check
+
+    def counted(self, token, witness, left, safe, walks, key=None):
+        before = walks.left
+        found = check(self, token, witness, left, safe, walks, key)
+        if walks.left != before:
+            walked.append(token)
+        return found
+
+    monkeypatch.setattr(ClosingMatcher, "_check", counted)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack.fill(bitmask, 0)
+    pieces = vocab.token_bytes()
+    row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH))
+    assert any(_open_bytes(pieces[t]) for t in row.tolist())  # kept: they finish in time
+    assert not [t for t in walked if _open_bytes(pieces[t])]
+
+
+def test_a_bridge_is_tried_with_a_later_rows_witness(vocab):
+    """What a walk took after a token before the witness completed is kept as the token's
+    (and its class's) bridge, and a later check puts it before that row's witness."""
+    compiled = grammar(vocab, {"type": "string"})
+    stack = ClosingMatcher(compiled.matcher(), vocab, 64)
+    token, x, y, w1, w2, w3 = ids(vocab, b"\\", b"n", b"m", b'"', b"}", b"]")
+    stack._bridge(token, 7, [x, y, w1, w2], [w1, w2])
+    assert stack.bridges[-1 - token] == ((x, y), 0) and stack.bridges[7] == ((x, y), 0)
+    tries = [suffix for suffix, _ in stack._tries(token, [w3, w1], 7)]
+    assert [x, y, w3, w1] in tries
+    stack._bridge(token, None, [x, w1], [w2, w1])  # before the witness's tail
+    assert stack.bridges[-1 - token] == ((x,), 1)
+
+
+def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkeypatch):
+    """After a walk from the output's state finds nothing, the next one waits
+    ``RECHECK_EVERY`` tokens, then twice that, and so on (a walk that finds nothing runs to
+    its room)."""
+    compiled = grammar(vocab, DENY)
+    stack = ClosingMatcher(compiled.matcher(), vocab, 120, [])
+    encode = vocab.hf_tokenizer.encode
+    assert stack.consume(encode('{"effect":"\' string', add_special_tokens=False))
+    counts = []
+    walk = ClosingMatcher._walk
+    monkeypatch.setattr(
+        ClosingMatcher, "_walk", lambda self, *a: counts.append(self.count) or walk(self, *a)
+    )
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    word = encode(" word", add_special_tokens=False)
+    for _ in range(80):
+        stack.fill(bitmask, 0)
+        assert stack.consume(word)
+    first = counts[0]
+    assert counts[:3] == [first, first + RECHECK_EVERY, first + 3 * RECHECK_EVERY]
