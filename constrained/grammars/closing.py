@@ -256,9 +256,9 @@ def _few_allowed(words: np.ndarray, width: int) -> np.ndarray | None:
     quarter of the vocabulary by its nonzero words alone (``None`` otherwise:
     ``find_witness`` then reads the whole row). The same choice as the whole row's
     ``argmin``, without a pass over it."""
-    nonzero = np.flatnonzero(words)
-    if nonzero.size * 32 > width // 4:
+    if np.count_nonzero(words) * 32 > width // 4:  # counted first: a wide row needs no ids
         return None
+    nonzero = np.flatnonzero(words)
     bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
     word, bit = np.nonzero(bits)
     ids = nonzero[word] * 32 + bit

@@ -720,6 +720,8 @@ class ClosingMatcher(MatcherWrapper):
         after which no completion fits (a known suffix too long, or a walk that finds none
         in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
         (text) is left as it is."""
+        if int(np.bitwise_count(words).sum()) > EXACT_MAX + 1:  # wide (end-of-sequence aside)
+            return
         keep = allowed_ids(bitmask[row], self.vocab.width)
         keep[self.eos] = False
         if np.count_nonzero(keep) > EXACT_MAX:
