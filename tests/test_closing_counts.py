@@ -19,7 +19,7 @@ from constrained.grammars.closing_matcher import (
     in_free_text,
     text_classes,
     token_classes,
-    utf8_finish,
+    token_finish,
 )
 from constrained.grammars.matcher import words_for
 from tests.test_grammar_bookkeeping import WIDTH, vocab
@@ -112,21 +112,24 @@ def test_a_walk_that_finds_nothing_looks_ahead_a_few_times(vocab, monkeypatch):
 
 
 def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
-    """``utf8_finish``: for every token that ends inside a UTF-8 character, single-byte
+    """``token_finish``: for every token that ends inside a UTF-8 character, single-byte
     tokens whose bytes finish it (the lead byte's own range: ``\\xe0`` needs ``\\xa0`` or
-    more, ``\\xed`` less), tried after it before any walk."""
+    more, ``\\xed`` less); for one that opens an escape, ``"``. Tried after it before any
+    walk."""
     pieces = vocab.token_bytes()
     cut = [t for t, piece in enumerate(pieces) if piece and _open_bytes(piece)]
     assert len(cut) > 1000
     for token in cut:
-        piece, finish = pieces[token], utf8_finish(vocab, token)
+        piece, finish = pieces[token], token_finish(vocab, token)
         lead = max(k for k in range(len(piece)) if piece[k] & 0xC0 != 0x80)
         if piece[lead] in (0xC0, 0xC1) or piece[lead] >= 0xF5:  # no character starts so
             assert finish == ()
             continue
         assert len(finish) == _open_bytes(piece)
         (piece[lead:] + b"".join(pieces[t] for t in finish)).decode()  # a whole character
-    assert utf8_finish(vocab, ids(vocab, b"a")[0]) == ()
+    a, slash, escaped, quote = ids(vocab, b"a", b"\\", b"\\\\", b'"')
+    assert token_finish(vocab, a) == () and token_finish(vocab, escaped) == ()
+    assert token_finish(vocab, slash) == (quote,)  # an escape opened: \"
 
 
 def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch):
@@ -160,7 +163,7 @@ def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch
     pieces = vocab.token_bytes()
     row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH))
     assert any(_open_bytes(pieces[t]) for t in row.tolist())  # kept: they finish in time
-    assert not [t for t in walked if _open_bytes(pieces[t])]
+    assert not [t for t in walked if token_finish(vocab, t)]  # nor one opening an escape
 
 
 def test_a_bridge_is_tried_with_a_later_rows_witness(vocab):

@@ -351,16 +351,21 @@ def _watch(grammar: Any) -> int:
     return key
 
 
-def utf8_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
-    """Single-byte tokens that finish the UTF-8 character a token ends inside (none when it
-    ends on a character's end): the lowest continuation bytes its lead byte allows."""
+def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
+    """Single-byte tokens that finish what a token leaves half-written (none when nothing):
+    the UTF-8 character it ends inside (the lowest continuation bytes its lead byte allows),
+    or a JSON escape its last backslash opens (``"``: ``\\"``)."""
 
     def build() -> dict[int, tuple[int, ...]]:
         by_bytes = _by_bytes(vocab)
+        quote = by_bytes.get(b'"')
         finish: dict[int, tuple[int, ...]] = {}
         for tok, piece in enumerate(vocab.token_bytes()):
             owed = _open_bytes(piece) if piece else 0
             if not owed:
+                slashes = len(piece) - len(piece.rstrip(b"\\"))
+                if slashes % 2 and quote is not None:
+                    finish[tok] = (quote,)
                 continue
             start = len(piece) - next(back for back in range(1, 5) if piece[-back] & 0xC0 != 0x80)
             for first in (0x80, 0x90, 0xA0):  # E0 needs A0+, F0 90+, ED and F4 below them
@@ -375,7 +380,7 @@ def utf8_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
                 break
         return finish
 
-    return vocab._once("closing_utf8_finish", build).get(token, ())
+    return vocab._once("closing_token_finish", build).get(token, ())
 
 
 def shared_sorts(grammar: Any) -> OrderedDict | None:
@@ -1050,11 +1055,12 @@ class ClosingMatcher(MatcherWrapper):
 
     def _bridges_of(self, token: int, key: int | None) -> Iterator[tuple[Sequence[int], int]]:
         """The bridges known for a token, then its class, and for a token that ends inside
-        a UTF-8 character the bytes that finish one (``\xe0`` -> ``\xa0`` ``\x80``)."""
+        a UTF-8 character or an escape what finishes it (``\xe0`` -> ``\xa0`` ``\x80``,
+        ``\\`` -> ``"``: ``token_finish``)."""
         for bridged in (-1 - token, key):
             if bridged is not None and bridged in self.bridges:
                 yield self.bridges[bridged]
-        finish = utf8_finish(self.vocab, token)
+        finish = token_finish(self.vocab, token)
         if finish:
             yield finish, 0
 
