@@ -109,27 +109,7 @@ _PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a struc
 
 def token_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
     """Each token's structure class (runs of plain bytes collapsed) and its byte length."""
-
-    def build() -> tuple[np.ndarray, np.ndarray]:
-        keys: dict[bytes, int] = {}
-        classes = np.full(vocab.width, -1, dtype=np.int64)
-        lengths = np.zeros(vocab.width, dtype=np.int64)
-        for token, piece in enumerate(vocab.token_bytes()):
-            if not piece:
-                continue
-            key = bytearray()
-            for byte in piece:
-                plain = _PLAIN[byte]
-                if not (plain and key[-1:] == b"\x00"):
-                    key.append(0 if plain else byte)
-            # A piece that starts or ends inside a UTF-8 character is not plain text: it
-            # needs (or continues) bytes of that character.
-            key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
-            classes[token] = keys.setdefault(bytes(key), len(keys))
-            lengths[token] = len(piece)
-        return classes, lengths
-
-    return vocab._once("closing_classes", build)
+    return vocab._once("closing_classes", lambda: _classes(vocab, False))
 
 
 TEXT_CLASSES = 1 << 20  # text classes' ids start here (never equal to a structure class's)
@@ -144,26 +124,30 @@ def text_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
     bytes before its first quote, backslash or control byte collapsed as one run, the rest
     as in ``token_classes`` (``a{b``, ``abc`` and ``,`` are one class; ``"`` ``}`` another),
     and the UTF-8 bounds. Ids from ``TEXT_CLASSES`` on; and the byte lengths."""
+    return vocab._once("closing_text_classes", lambda: _classes(vocab, True))
 
-    def build() -> tuple[np.ndarray, np.ndarray]:
-        keys: dict[bytes, int] = {}
-        classes = np.full(vocab.width, -1, dtype=np.int64)
-        lengths = np.zeros(vocab.width, dtype=np.int64)
-        for token, piece in enumerate(vocab.token_bytes()):
-            if not piece:
-                continue
-            key, text = bytearray(), True
-            for byte in piece:
-                text = text and _TEXT[byte]
-                plain = text or _PLAIN[byte]
-                if not (plain and key[-1:] == b"\x00"):
-                    key.append(0 if plain else byte)
-            key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
-            classes[token] = TEXT_CLASSES + keys.setdefault(bytes(key), len(keys))
-            lengths[token] = len(piece)
-        return classes, lengths
 
-    return vocab._once("closing_text_classes", build)
+def _classes(vocab: Vocab, text: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``token_classes`` (``text`` false) or ``text_classes``: the class ids, the lengths."""
+    keys: dict[bytes, int] = {}
+    classes = np.full(vocab.width, -1, dtype=np.int64)
+    lengths = np.zeros(vocab.width, dtype=np.int64)
+    first = TEXT_CLASSES if text else 0
+    for token, piece in enumerate(vocab.token_bytes()):
+        if not piece:
+            continue
+        key, inside = bytearray(), text
+        for byte in piece:
+            inside = inside and _TEXT[byte]
+            plain = inside or _PLAIN[byte]
+            if not (plain and key[-1:] == b"\x00"):
+                key.append(0 if plain else byte)
+        # A piece that starts or ends inside a UTF-8 character is not plain text: it needs
+        # (or continues) bytes of that character.
+        key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
+        classes[token] = first + keys.setdefault(bytes(key), len(keys))
+        lengths[token] = len(piece)
+    return classes, lengths
 
 
 def class_order(vocab: Vocab, text: bool = False) -> np.ndarray:
