@@ -213,8 +213,10 @@ def _walk(
             else:
                 allowed = allowed_ids(scratch[0], vocab.width)
                 cost = np.where(allowed, ranks + used, _NEVER)
-                few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
-                token = _closing_next(matcher, few, cost[few], quote) if look else None
+                token = None
+                if look:  # the lookahead's tokens: a pass over the vocabulary only then
+                    few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
+                    token = _closing_next(matcher, few, cost[few], quote)
                 closes = token is not None
                 if token is None:
                     token = int(cost.argmin())

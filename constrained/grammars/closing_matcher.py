@@ -325,16 +325,6 @@ def _forget(key: int) -> None:
     _WATCHED.discard(key)
 
 
-def _watch(grammar: Any) -> int:
-    """The grammar's key in the stores, forgotten with it (one finalizer a grammar, however
-    often its stores return: its id may be reused after)."""
-    key = id(grammar)
-    if key not in _WATCHED:
-        _WATCHED.add(key)
-        weakref.finalize(grammar, _forget, key)
-    return key
-
-
 def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
     """Single-byte tokens that finish what a token leaves half-written (none when nothing):
     the UTF-8 character it ends inside (the lowest continuation bytes its lead byte allows),
@@ -375,10 +365,13 @@ def shared_sorts(grammar: Any) -> OrderedDict | None:
     (``history``: the items an array saw), where equal rows are not equal states."""
     if grammar.history:
         return None
-    key = _watch(grammar)
+    key = id(grammar)
     sorts = _SHARED.get(key)
     if sorts is None:
         sorts = _SHARED[key] = OrderedDict()
+        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
+            _WATCHED.add(key)
+            weakref.finalize(grammar, _forget, key)  # its id may be reused after
         while len(_SHARED) > SHARED_GRAMMARS:
             _SHARED.popitem(last=False)
     else:
