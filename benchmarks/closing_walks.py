@@ -16,8 +16,9 @@ compiled grammar's own matcher):
    ``max_tokens`` and validate (``jsonschema``, the schema's draft, formats not asserted;
    ``format_invalid``: those the draft's format checker refuses besides), ``cut`` (reached
    ``max_tokens`` without ending), ``invalid`` ends (end-of-sequence on text that does not
-   parse or validate), ``stuck`` rows (nothing allowed), refused tokens, and walks where
-   closing said it could not apply (its one log line).
+   parse or validate), ``stuck`` rows (nothing allowed), refused tokens, ``stale`` walks
+   (closing's witness did not complete from where the output was: a check made at another
+   state), and walks where closing said it could not apply (its one log line).
 3. **Budgets with room** (closing on vs off, along the same walks): each closing-off walk
    replayed through a closing-on stack at ``max_tokens = longest + 1`` (``tight``: the
    least budget every observed complete walk fits) and at each budget of ``--room``
@@ -109,7 +110,7 @@ def run_schema(name: str, schema: Any, compiled: Any, vocab: Any, args: argparse
     for slack in args.slack if run.need is not None else ():
         budget = run.need + slack
         counts = dict.fromkeys(("walks", "valid", "format_invalid", "unchecked", "cut",
-                                "invalid", "stuck", "refused", "warned"), 0)  # fmt: skip
+                                "invalid", "stuck", "refused", "stale", "warned"), 0)  # fmt: skip
         for _ in range(args.walks):
             if time.perf_counter() - start > args.schema_seconds:
                 break
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.md").write_text(summary_md(result))
     print(json.dumps(result["totals"]))
     bad = result["totals"]["small"]
-    return 1 if bad.get("invalid") or bad.get("stuck") or bad.get("refused") else 0
+    return 1 if any(bad.get(k) for k in ("invalid", "stuck", "refused", "stale")) else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from typing import Any
 class Walk:
     """One walk: its tokens (end-of-sequence not included) and how it ended: ``eos``, ``cut``
     (``max_tokens`` or the cap reached), ``stuck`` (an empty row), ``refused`` (a token its
-    own row allowed was refused)."""
+    own row allowed was refused), ``stale`` (closing's witness does not complete from
+    where the output is: a check made at another state)."""
 
     tokens: list[int]
     ended: str
@@ -73,8 +74,13 @@ def walk(matcher: Any, vocab: Any, bitmask: Any, rng: random.Random, budget: int
     """Uniform choices among the allowed tokens, at most ``budget`` tokens (end included)."""
     tokens: list[int] = []
     eos = vocab.eos_token_id
+    from constrained.grammars.closing import completes
+
     while len(tokens) < budget:
         ids = allowed(matcher, bitmask, 0, vocab.width)
+        witness = getattr(matcher, "witness", None)  # closing's, where the stack has one
+        if witness is not None and not completes(matcher.inner, witness):
+            return Walk(tokens, "stale", bool(matcher.warned))
         if not ids.size:
             return Walk(tokens, "stuck", bool(getattr(matcher, "warned", False)))
         token = int(ids[rng.randrange(ids.size)])

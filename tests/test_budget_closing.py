@@ -479,3 +479,54 @@ def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
     del grammars, grammar
     gc.collect()
     assert last not in closing_matcher._SHARED and last not in closing_matcher._WATCHED
+
+
+def _object_of(key: str) -> dict:
+    properties = {key: {"type": "string"}}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+# Two keys whose rows and witnesses are equal (`":{}}` after either) but whose objects are
+# not: a sort checked after ``a`` (``":{"`` kept on ``xylophone":""}}``) is not a check after
+# ``b``.
+TWO_OBJECTS = {
+    "type": "object",
+    "properties": {"a": _object_of("xylophone"), "b": _object_of("quartz")},
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("budget", [12, 13, 14, 16])
+def test_a_sort_taken_at_another_state_leaves_no_stale_witness(vocab, budget):
+    """Found by ``benchmarks/closing_walks.py`` (MaskBench Github_hard o5411 at need + 8):
+    a near row taken again from an earlier one with the same words and witness (its sort,
+    ``_sorted_again``) carries suffixes checked at the other state. Followed as the
+    witness they led the next row, all its tokens cleared, to keep a token the matcher
+    refuses (in the engine: the request ends at end-of-sequence on an incomplete output).
+    At every row the witness completes from where the output is, and every allowed token
+    is one the matcher takes."""
+    from constrained.grammars.closing_matcher import forget_shared_sorts
+    from tests.closing_walk import closing_stack
+
+    forget_shared_sorts()
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(TWO_OBJECTS)), vocab)
+    encode = vocab.hf_tokenizer.encode
+    tokens = encode('{"a":{},"b":{"', add_special_tokens=False)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack = closing_stack(compiled, vocab, budget)
+    taken = 0
+    for token in [*tokens, None]:
+        stack.fill(bitmask, 0)
+        if stack.witness is not None:
+            assert completes(stack.inner, stack.witness), (budget, taken)
+        row = allowed_ids(bitmask[0], WIDTH).nonzero()[0].tolist()
+        assert row, (budget, taken)
+        for allowed in row:
+            if allowed != vocab.eos_token_id:
+                assert stack.inner.try_consume([allowed]) == 1, (budget, taken, allowed)
+                stack.inner.rollback(1)
+        if token is None or token not in row:  # the budget ruled the rest out: closed early
+            break
+        assert stack.consume([token])
+        taken += 1
+    assert taken >= 3

@@ -135,8 +135,10 @@ def test_completes_matches_the_default_on_random_walks(vocab, kind, source, back
 
 
 def test_completes_after_an_error_or_the_end(vocab):
-    """A failed or finished matcher completes nothing but the empty sequence, as by default."""
-    for kind, source, backend, _ in (CASES[0], CASES[12]):
+    """A failed or finished matcher completes nothing but the empty sequence, as by default;
+    one that took its whole output (llguidance stops there: it validates no end-of-sequence
+    after it) completes the empty sequence."""
+    for kind, source, backend, _ in (CASES[0], CASES[12], CASES[-2]):
         grammar = grammar_of(vocab, kind, source, backend)
         eos = vocab.eos_token_id
         failed = grammar.matcher()
@@ -145,7 +147,9 @@ def test_completes_after_an_error_or_the_end(vocab):
         witness = find_witness(grammar.matcher(), vocab, 48)
         finished = grammar.matcher()
         assert finished.consume([*witness, eos])
-        for matcher in (failed, finished):
+        ended = grammar.matcher()
+        assert ended.consume(witness) and ended.completes([])
+        for matcher in (failed, finished, ended):
             for check in ([], witness, [eos], witness[:1]):
                 assert matcher.completes(check) is Matcher.completes(matcher, check)
 

@@ -33,10 +33,12 @@ and narrowed to exactly its safe tokens otherwise:
   walk costs a mask per token, so a suffix found once is tried again before walking.
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
-  row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again.
-  The same across requests of one grammar (``shared_sorts``): a row another request checked
-  with the same words and witness, and as much room or more, is taken from the grammar's
-  store (a batch with one schema checks the first row inside each string once).
+  row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again
+  (outside free text, where equal rows and witnesses need not be equal states, every kept
+  suffix of a narrow row; a wide row is sorted afresh). The same across requests of one
+  grammar (``shared_sorts``): a row another request checked with the same words and
+  witness, and as much room or more, is taken from the grammar's store (a batch with one
+  schema checks the first row inside each string once).
   A wide row (more than ``EXACT_MAX`` tokens allowed, inside free text) is checked per class
   of tokens with the same structure (runs of plain bytes collapsed: ``"abc`` and ``"xy``
   are one class; in a free string's row, ``text_classes``, where ``a{b`` and ``,`` are
@@ -558,9 +560,13 @@ class ClosingMatcher(MatcherWrapper):
             new, witness = new[-1:], None
         start, rest = (safe[new[0]], new[1:]) if new[0] in safe else (witness, new)
         if start is not None and rest == start[: len(rest)]:
-            self.witness, self.candidates = start[len(rest) :], []
-            self.need_bound = len(self.witness)
-            return
+            tail = start[len(rest) :]
+            # A checked suffix is checked again: a sort taken from an earlier row may have
+            # found it at another state (``_sorted_again``), where it need not complete.
+            if start is witness or completes(self.inner, tail):
+                self.witness, self.candidates = tail, []
+                self.need_bound = len(tail)
+                return
         # Off the witness: it may still complete (text inside a string), or its class's
         # suffix may, or neither; the need rises by at most ``grow`` a token.
         keys = self._class_keys(new[-1])
@@ -684,9 +690,10 @@ class ClosingMatcher(MatcherWrapper):
         else:
             self.drafts[tuple(self.ahead)] = (safe, by_class)
         if unsafe:
+            before = words.copy() if not (safe or by_class) else None  # all may be cleared
             unsafe.apply(words)
-            if witness and not words.any():
-                self._keep_witness(words, witness[0])
+            if before is not None and not words.any():
+                self._keep_witness(words, witness, before, left)
 
     def _clear_risers(
         self,
@@ -721,12 +728,21 @@ class ClosingMatcher(MatcherWrapper):
             ids = np.asarray(risers, dtype=np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
 
-    def _keep_witness(self, words: np.ndarray, first: int) -> None:
-        """A narrowed row left empty: the layers below did not allow the witness's first
-        token, which the matcher accepts (``completes``). llguidance 1.7.6 can compute a
-        mask that leaves out a token its ``validate_tokens`` and ``consume`` take (seen
-        after a history of checks; a fresh matcher at the same state allows it). The row
-        keeps that token rather than nothing: a row is never empty."""
+    def _keep_witness(
+        self, words: np.ndarray, witness: list[int], before: np.ndarray, left: int
+    ) -> None:
+        """A narrowed row left empty. Where the matcher accepts the witness
+        (``completes``), the layers below did not allow its first token: llguidance 1.7.6
+        can compute a mask that leaves out a token its ``validate_tokens`` and ``consume``
+        take (seen after a history of checks; a fresh matcher at the same state allows it).
+        The row keeps that token rather than nothing. Otherwise (no witness known to
+        complete here) the row is the grammar's, unnarrowed, and the output may be cut: a
+        row never allows a token the matcher refuses, and is never empty."""
+        if not witness or not completes(self.inner, witness):
+            words[:] = before
+            self._warn(left, None)
+            return
+        first = witness[0]
         words[first // 32] |= np.uint32(1) << np.uint32(first % 32)
         logger.warning(
             "constrained: the grammar's row left out the only token that completes in time "
@@ -775,7 +791,12 @@ class ClosingMatcher(MatcherWrapper):
         when this row allows the same tokens with the same witness, checked with as much
         room or more (text the grammar's state does not count, as plain text inside a free
         string; or another request at the same state): each kept suffix that no longer
-        fits is checked again, a class's by a sort of its own; ``None`` when it differs."""
+        fits is checked again, a class's by a sort of its own; ``None`` when it differs.
+
+        Equal rows and witnesses stand for equal states inside free text only: ``":{"``
+        after two keys whose objects differ has the same row and witness (``":{}}``) and
+        other completions. So outside free text every kept suffix is checked again (a
+        narrow row: at most ``EXACT_MAX``; a wide one is sorted afresh)."""
         if (
             last is None
             or last.left < left
@@ -783,15 +804,22 @@ class ClosingMatcher(MatcherWrapper):
             or not np.array_equal(last.words, words)
         ):
             return None
+        text = in_free_text(self.vocab, words)
+        if not text and last.by_class:
+            return None
         room = left - 2
-        if last.longest <= room:
+        if text and last.longest <= room:
             return last
         if any(len(suffix) > room for suffix in last.by_class.values()):
             return None
         safe, unsafe, walks = dict(last.safe), [], Walks()
-        text = in_free_text(self.vocab, words)
         classes = (text_classes if text else token_classes)(self.vocab)[0]
-        for token in [token for token, suffix in safe.items() if len(suffix) > room]:
+        again = [
+            token
+            for token, suffix in safe.items()
+            if len(suffix) > room or not (text or completes(self.inner, [token, *suffix]))
+        ]
+        for token in again:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
                 unsafe.append(token)

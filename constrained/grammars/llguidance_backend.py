@@ -118,6 +118,8 @@ class LLGuidanceMatcher(Matcher):
         tokens = list(tokens)
         if self.error is not None:
             return False
+        if not tokens:  # a stopped matcher (the grammar ended) validates no end-of-sequence
+            return self.accepts_end()
         if self.eos in tokens:  # never in closing's checks; the generic path says
             return super().completes(tokens)
         return self.inner.validate_tokens([*tokens, self.eos]) == len(tokens) + 1
