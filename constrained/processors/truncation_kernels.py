@@ -49,6 +49,11 @@ CHUNK = 32768 if _INTERPRETED else 8192  # logits per program and pass
 MASK_BLOCK = 8192 if _INTERPRETED else 2048
 
 
+def _block(vocab: int) -> int:
+    """A block no wider than the row (a narrow vocabulary under the interpreter)."""
+    return min(BLOCK, triton.next_power_of_2(vocab))
+
+
 @triton.jit
 def _replay_top(row, stats_ptr, nsplit, SPLIT_P2: tl.constexpr):
     """The row's top logit, from pass 0's per-chunk results."""
@@ -128,11 +133,11 @@ def _typical_pass_kernel(
     nsplit = tl.cdiv(vocab, CHUNK)
     base = logits_ptr + row * logits_stride
     offs = tl.arange(0, BLOCK)
-    first = part * CHUNK
+    first = part * CHUNK  # a chunk's loop stops at the row's end: no block wholly masked
     if PASS == 0:  # the chunk's top and bottom logit
         top_acc = tl.full([BLOCK], float("-inf"), tl.float32)
         bottom_acc = tl.full([BLOCK], float("inf"), tl.float32)
-        for start in range(first, first + CHUNK, BLOCK):
+        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
             idx = start + offs
             ok = idx < vocab
             x = tl.load(base + idx, mask=ok, other=float("-inf"))
@@ -145,7 +150,7 @@ def _typical_pass_kernel(
         top = _replay_top(row, stats_ptr, nsplit, SPLIT_P2)
         total_acc = tl.zeros([BLOCK], tl.float64)  # float64: see the note on precision
         moment_acc = tl.zeros([BLOCK], tl.float32)
-        for start in range(first, first + CHUNK, BLOCK):
+        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
             shifted = x - top
@@ -165,7 +170,7 @@ def _typical_pass_kernel(
         bins = tl.arange(0, BINS)
         hist = tl.zeros([BINS], tl.float64)
         below_acc = tl.zeros([BLOCK], tl.float64)
-        for start in range(first, first + CHUNK, BLOCK):
+        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
             shifted = x - top
@@ -217,7 +222,7 @@ def typical_bounds_kernel(
     below = torch.empty(rows, LEVELS, nsplit, dtype=torch.float64, device=device)
     mass = mass.to(torch.float32)
     fixed = {"MARGIN": TYPICAL_MARGIN, "UNDERFLOW": FLOAT32_UNDERFLOW, "BINS": BINS,
-             "LEVELS": LEVELS, "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": BLOCK,
+             "LEVELS": LEVELS, "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab),
              "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
     args = (logits, logits.stride(0), vocab, mass, stats, totals, hist, below, low, high)
     for p in range(2 + LEVELS):
@@ -251,7 +256,7 @@ def _top_n_sigma_pass_kernel(
         top_acc = tl.full([BLOCK], float("-inf"), tl.float32)
         count_acc = tl.zeros([BLOCK], tl.float32)
         sum_acc = tl.zeros([BLOCK], tl.float32)
-        for start in range(first, first + CHUNK, BLOCK):
+        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
             finite = x > float("-inf")
@@ -268,7 +273,7 @@ def _top_n_sigma_pass_kernel(
         mean = tl.sum(tl.load(stats + 2, mask=ok, other=0.0), 0) / count
         if PASS == 1:  # the chunk's sum of squared deviations of finite logits
             sq_acc = tl.zeros([BLOCK], tl.float32)
-            for start in range(first, first + CHUNK, BLOCK):
+            for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
                 idx = start + offs
                 x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
                 deviation = tl.where(x > float("-inf"), x - mean, 0.0)
@@ -295,7 +300,7 @@ def top_n_sigma_bounds_kernel(logits: torch.Tensor, n: torch.Tensor) -> tuple[to
     assert logits.stride(1) == 1, "top_n_sigma_bounds_kernel: rows must be contiguous"
     nsplit = triton.cdiv(vocab, CHUNK)
     stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=logits.device)
-    fixed = {"SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": BLOCK, "CHUNK": CHUNK,
+    fixed = {"SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab), "CHUNK": CHUNK,
              "num_warps": 8}  # fmt: skip
     args = (logits, logits.stride(0), vocab, n.to(torch.float32), stats, low)
     _top_n_sigma_pass_kernel[(rows, nsplit)](*args, PASS=0, **fixed)

@@ -75,6 +75,39 @@ for _name, _value in (
 
 import importlib
 
+
+def _patch_lang_once_per_launch() -> None:
+    """Triton's interpreter re-patches ``triton.language`` on every call of a ``@jit`` helper
+    (``tl.sum``, ``tl.max``, our ``_replay``): an ``inspect.getmembers`` over the language per
+    call, about half of a typical-p kernel's time here. Within one launch nothing is restored
+    between those calls, so a module's globals patched once in a launch stay patched: patch
+    each once per launch. The launch's own patch and restore are Triton's, unchanged."""
+    from triton.runtime import interpreter
+
+    real_patch, real_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    patched: set[int] = set()
+
+    class _Nothing:
+        def restore(self) -> None:
+            pass
+
+    def patch_lang(fn):
+        if id(fn.__globals__) in patched:
+            return _Nothing()
+        patched.add(id(fn.__globals__))
+        return real_patch(fn)
+
+    def launch(self, *args, **kwargs):
+        patched.clear()
+        try:
+            return real_launch(self, *args, **kwargs)
+        finally:
+            patched.clear()
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch
+
+
 if INTERPRETED:
     from triton.backends import backends
 
@@ -83,6 +116,7 @@ if INTERPRETED:
             f"Triton has no 'nvidia' backend to interpret as 'cpu': {list(backends)}"
         )
     backends["cpu"] = backends["nvidia"]  # vLLM's CPU build checks for a "cpu" Triton backend
+    _patch_lang_once_per_launch()
     try:  # vLLM's own CPU patches for the V2 runner, before any other vLLM module is imported
         importlib.import_module("vllm.v1.worker.cpu.shm")
     except ImportError as _exc:
