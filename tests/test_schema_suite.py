@@ -86,9 +86,11 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
 }
 _IDNA_PREFIXES = ("xn--", "XN--")  # every A-label case of format/hostname
 
-# Groups whose outlines compile takes 8-55 s each (the regex index of open objects and
-# arrays of "anything"): 4 of this test's 4.5 minutes. Skipped for outlines only, unless
-# CONSTRAINED_FULL_SUITE=1 (run 2026-11-21 with them: no invalid instance accepted).
+# Groups whose outlines compile takes 8-65 s each (the regex index of open objects and
+# arrays of "anything"; 2026-11-27: core/not#2, core/oneOf#7 and core/not#6 took 145 s of the
+# outlines run's 171 s on the 2-core machine): skipped for outlines only, unless
+# CONSTRAINED_FULL_SUITE=1 (no invalid instance accepted: the first twelve run 2026-11-21, the
+# last three in every CI run until 2026-11-27). The other backends run every group.
 SLOW_FOR_OUTLINES: set[str] = (
     set()
     if os.environ.get("CONSTRAINED_FULL_SUITE") == "1"
@@ -97,6 +99,7 @@ SLOW_FOR_OUTLINES: set[str] = (
         "core/anyOf#6", "core/required[typed]#0", "core/required[typed]#1",
         "core/required[typed]#2", "core/additionalProperties[typed]#4",
         "core/maxItems[typed]#0", "core/minItems[typed]#0",
+        "core/not#2", "core/oneOf#7", "core/not#6",
     }
 )  # fmt: skip
 
