@@ -3,8 +3,9 @@ bad requests and dropped streams, a KV cache small enough to force preemption.
 
 Asserts every check of the soak (no error for a good request, valid constrained outputs,
 seeded probes equal to their runs alone, bad requests refused naming the field, no state
-left in our processors after each round, bounded compile cache and memory, healthy at the
-end) and that the load really preempted requests. The full run and its figures are in
+left in our processors after each round, bounded compile cache, memory held to round 1's
+after a warm-up that sends each constraint of the mix once, healthy at the end) and that
+the load really preempted requests. The full run and its figures are in
 ``docs/reliability.md``.
 """
 
