@@ -112,10 +112,11 @@ def test_a_walk_that_finds_nothing_looks_ahead_a_few_times(vocab, monkeypatch):
 
 
 def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
-    """``token_finish``: for every token that ends inside a UTF-8 character, single-byte
-    tokens whose bytes finish it (the lead byte's own range: ``\\xe0`` needs ``\\xa0`` or
-    more, ``\\xed`` less); for one that opens an escape, ``"``. Tried after it before any
-    walk."""
+    """``token_finish``: for every token that ends inside a UTF-8 character, tokens whose
+    bytes finish it (the lead byte's own range: ``\\xe0`` needs ``\\xa0`` or more, ``\\xed``
+    less), as few as the vocabulary allows (one token of all the bytes owed where there is
+    one, so ``\\xe0`` takes one token, never two); for one that opens an escape, ``"``.
+    Tried after it before any walk."""
     pieces = vocab.token_bytes()
     cut = [t for t, piece in enumerate(pieces) if piece and _open_bytes(piece)]
     assert len(cut) > 1000
@@ -125,8 +126,12 @@ def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
         if piece[lead] in (0xC0, 0xC1) or piece[lead] >= 0xF5:  # no character starts so
             assert finish == ()
             continue
-        assert len(finish) == _open_bytes(piece)
+        owed = _open_bytes(piece)
+        assert 1 <= len(finish) <= owed
+        assert sum(len(pieces[t]) for t in finish) == owed
         (piece[lead:] + b"".join(pieces[t] for t in finish)).decode()  # a whole character
+        if owed > 1:  # the vocabulary has a token of two continuation bytes for every lead
+            assert len(finish) < owed, (piece, [pieces[t] for t in finish])
     a, slash, escaped, quote = ids(vocab, b"a", b"\\", b"\\\\", b'"')
     assert token_finish(vocab, a) == () and token_finish(vocab, escaped) == ()
     assert token_finish(vocab, slash) == (quote,)  # an escape opened: \"
@@ -200,3 +205,35 @@ def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkey
         assert stack.consume(word)
     first = counts[0]
     assert counts[:3] == [first, first + RECHECK_EVERY, first + 3 * RECHECK_EVERY]
+
+
+def test_with_no_slack_a_shorter_witness_is_looked_for_once(vocab, monkeypatch):
+    """Where the room left equals the witness's length (no slack), only tokens completing as
+    shortly as the witness stay: a witness followed from far away that is longer than
+    need be (``"`` ``}`` where ``"}`` also completes) would clear every text token. One walk
+    finds the shorter one, and text stays allowed; the walk runs once along a witness."""
+    from tests.closing_walk import allowed, closing_stack
+
+    schema = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"],
+              "additionalProperties": False}  # fmt: skip
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack = closing_stack(compiled, vocab, 6)
+    assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
+    quote, brace, close, text = ids(vocab, b'"', b"}", b'"}', b"a")
+    assert stack.inner.completes([quote, brace]) and stack.left == 3
+    stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
+    walks = []
+    real_walk = ClosingMatcher._walk
+
+    def counted(self, *args, **kwargs):
+        walks.append(args)
+        return real_walk(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    row = allowed(stack, bitmask, 0, WIDTH)
+    assert stack.witness == [close] and walks[0] == (1,)
+    assert text in row and close in row  # "a" then '"}' completes in the 3 tokens left
+    walks.clear()
+    allowed(stack, bitmask, 0, WIDTH)
+    assert (1,) not in walks  # not again along the same witness

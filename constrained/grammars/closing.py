@@ -238,10 +238,10 @@ def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[i
     """``path``, or its text as the tokenizer writes it when that is shorter and also
     completes from ``matcher``'s state (a walk takes ``"`` ``,`` ``"`` one by one where the
     tokenizer writes ``","``: the need it measures halves)."""
-    if len(path) < 3:
+    if len(path) < 2:
         return path
     pieces = vocab.token_bytes()
-    for kept in range(min(4, len(path) - 2)):  # tokens that end a UTF-8 character: kept
+    for kept in range(min(4, len(path) - 1)):  # tokens that end a UTF-8 character: kept
         try:
             text = b"".join(pieces[token] for token in path[kept:]).decode()
         except UnicodeDecodeError:

@@ -25,8 +25,9 @@ and narrowed to exactly its safe tokens otherwise:
   its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
   request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
   time, else a walk from after ``t`` that ends where the witness completes (``WALK_TOKENS``
-  a row, charged a walk's spelt length or, when it finds nothing, its room: up to about
-  twice that in masks, since a walk goes a character at a time; none after a token whose
+  a row, ``NARROW_WALK_TOKENS`` in a narrow one, charged a walk's spelt length or, when it
+  finds nothing, its room: up to about twice that in masks, since a walk goes a character
+  at a time; none after a token whose
   known suffix completes but is too long, or after a member of a class whose walk found
   nothing this row; a token left unchecked is cleared, so a narrowed row never holds an
   unsafe token). A check is one ``completes`` of the matcher (llguidance: about 2 us); a
@@ -49,7 +50,14 @@ and narrowed to exactly its safe tokens otherwise:
   checks it. With no room left after a token (``left == 2``) it must end the output
   itself: one check, no suffix, no walk. Before a walk, a token's bridge is tried (what a
   walk of this request took after it, or its class, before a witness completed, put before
-  this row's witness; for a token cut inside a UTF-8 character, the bytes that finish it).
+  this row's witness; for a token cut inside a UTF-8 character, the fewest tokens that
+  finish it). A wide row's token is walked from only where there is slack (``left - 2``
+  at least the witness's length); a narrow row's, always (within ``WALK_TOKENS``).
+- **No slack** (``left - 2`` less than the witness's length): only tokens completing as
+  shortly as the witness stay, so the witness must be the shortest known: one walk looks
+  for a shorter one, once along a witness of at most ``SHORTER_WITNESS_MAX`` tokens (one
+  followed from far away need not be the shortest from here: ``":`` ``2`` ``}}`` where
+  ``":""`` ``}}`` also completes).
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -96,11 +104,16 @@ GROW = 8  # the least rise of the need one token is assumed to cause at most
 EXACT_MAX = 64  # rows allowing more tokens are checked per class
 WALK_TOKENS = 96  # walk budget per narrowed row, for tokens no known suffix completes after
 # (charged a found walk's spelt length, a failed one's room: masks run to about twice it)
+NARROW_WALK_TOKENS = 3 * WALK_TOKENS  # the same for a narrow near row (at most
+# ``EXACT_MAX`` tokens, each walked: an enum's first tokens, a key's; the rows of one
+# schema's requests share its sort, ``shared_sorts``)
 RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a key row:
 # its prefixes' walks fail first)
 RECHECK_EVERY = 16  # tokens before walking again after a walk found no completion,
 # doubled after each such walk in a row (a failed walk runs to its room: 40-100 ms inside a
 # string whose ``pattern`` the walk cannot meet, each time, for a row that is cut anyway)
+SHORTER_WITNESS_MAX = 16  # a witness this short or shorter is walked for a shorter one
+# once where it leaves no slack
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
@@ -328,15 +341,22 @@ def _forget(key: int) -> None:
 
 
 def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
-    """Single-byte tokens that finish what a token leaves half-written (none when nothing):
-    the UTF-8 character it ends inside (the lowest continuation bytes its lead byte allows),
-    or a JSON escape its last backslash opens (``"``: ``\\"``)."""
+    """Tokens that finish what a token leaves half-written (none when nothing): the UTF-8
+    character it ends inside (one token of the continuation bytes it owes where the
+    vocabulary has one, ``\\xbb\\xbf`` after ``\\xe0``, or two, ``\\x9f\\x98`` ``\\x80`` after
+    ``\\xf0``; else the lowest single bytes its lead byte allows), or a JSON escape its last
+    backslash opens (``"``: ``\\"``)."""
 
     def build() -> dict[int, tuple[int, ...]]:
         by_bytes = _by_bytes(vocab)
         quote = by_bytes.get(b'"')
         finish: dict[int, tuple[int, ...]] = {}
-        for tok, piece in enumerate(vocab.token_bytes()):
+        pieces = vocab.token_bytes()
+        tails: dict[int, list[int]] = {}  # tokens of 2 or 3 continuation bytes, by length
+        for tok, piece in enumerate(pieces):
+            if 1 < len(piece) < 4 and all(b & 0xC0 == 0x80 for b in piece):
+                tails.setdefault(len(piece), []).append(tok)
+        for tok, piece in enumerate(pieces):
             owed = _open_bytes(piece) if piece else 0
             if not owed:
                 slashes = len(piece) - len(piece.rstrip(b"\\"))
@@ -344,6 +364,18 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
                     finish[tok] = (quote,)
                 continue
             start = len(piece) - next(back for back in range(1, 5) if piece[-back] & 0xC0 != 0x80)
+            lead = piece[start:]
+            whole = next((t for t in tails.get(owed, ()) if _decodes(lead + pieces[t])), None)
+            if whole is not None:
+                finish[tok] = (whole,)
+                continue
+            low = by_bytes.get(b"\x80")
+            if owed == 3 and low is not None:  # two tokens, not three
+                pair = (t for t in tails.get(2, ()) if _decodes(lead + pieces[t] + b"\x80"))
+                first_two = next(pair, None)
+                if first_two is not None:
+                    finish[tok] = (first_two, low)
+                    continue
             for first in (0x80, 0x90, 0xA0):  # E0 needs A0+, F0 90+, ED and F4 below them
                 more = bytes([first] + [0x80] * (owed - 1))
                 try:
@@ -357,6 +389,14 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
         return finish
 
     return vocab._once("closing_token_finish", build).get(token, ())
+
+
+def _decodes(text: bytes) -> bool:
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def shared_sorts(grammar: Any) -> OrderedDict | None:
@@ -512,6 +552,7 @@ class ClosingMatcher(MatcherWrapper):
         self._last_sort: Sort | None = None
         self.shared = shared
         self._witness_text: tuple | None = None  # ``_text_of``'s last answer
+        self.shortest_tried = False  # a walk for a shorter witness ran along this one
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -545,6 +586,7 @@ class ClosingMatcher(MatcherWrapper):
             del self.ahead[len(self.ahead) - num_tokens :]
         else:  # committed tokens undone: what was known of the state is gone
             self.ahead, self.witness, self.safe, self.by_class = [], None, {}, {}
+            self.shortest_tried = False
             self.candidates, self._last_sort, self.drafts = [], None, {}  # drafts: old states
             self.need_bound = 1 << 30
 
@@ -564,6 +606,7 @@ class ClosingMatcher(MatcherWrapper):
             # A checked suffix is checked again: a sort taken from an earlier row may have
             # found it at another state (``_sorted_again``), where it need not complete.
             if start is witness or completes(self.inner, tail):
+                self.shortest_tried &= start is witness  # (a tail of the one tried)
                 self.witness, self.candidates = tail, []
                 self.need_bound = len(tail)
                 return
@@ -582,7 +625,7 @@ class ClosingMatcher(MatcherWrapper):
             self.need_bound = len(witness)
         self.need_bound += self.grow * len(new)
         self.candidates = sorted(tries, key=len)
-        self.witness = None
+        self.witness, self.shortest_tried = None, False
 
     def suffixes(self) -> list[list[int]]:
         """Every completion this layer knows of (and each one's tails: drafts may have taken
@@ -665,6 +708,24 @@ class ClosingMatcher(MatcherWrapper):
             witness = self._walk(max(left - 1, 0)) or witness
             if committed:
                 self.witness, self.need_bound = witness, len(witness)
+                self.shortest_tried = True
+        elif (
+            witness is not None
+            and committed
+            and not self.shortest_tried
+            and (left - 2 < len(witness) > 1)
+            and len(witness) <= SHORTER_WITNESS_MAX
+        ):
+            # No slack: only tokens completing as shortly as the witness stay. A witness
+            # followed from far away need not be the shortest from here (``":`` ``2``
+            # ``}}`` where ``":""`` ``}}`` also completes): one walk, once along it. Not
+            # for a long witness: a long walk each time, and an output at the least budget
+            # admission takes is safest on the one path it was admitted for.
+            self.shortest_tried = True
+            shorter = self._walk(len(witness) - 1)
+            if shorter is not None and len(shorter) < len(witness):
+                witness = self.witness = shorter
+                self.need_bound = len(witness)
         if witness is None or len(witness) + 1 > left:
             self._warn(left, None if witness is None else len(witness) + 1)
             return  # no completion found in reach: the grammar's row, and a cut
@@ -839,6 +900,7 @@ class ClosingMatcher(MatcherWrapper):
         unsafe: list[int] = []
         walks = Walks()
         if np.count_nonzero(keep) <= EXACT_MAX:
+            walks.left = NARROW_WALK_TOKENS
             for token in np.flatnonzero(keep).tolist():
                 if self._check(token, witness, left, safe, walks) is None:
                     unsafe.append(token)
@@ -954,9 +1016,12 @@ class ClosingMatcher(MatcherWrapper):
                 longer.append(suffix)
         # No slack (the witness's rest takes the whole room): a completion after another
         # token must be as short as the witness's own, which the known suffixes above
-        # already try (its siblings, its aligned text); walks there almost never find one,
-        # and were most of a tight wide row's cost.
-        walk = walks.left > 0 and key not in walks.failed and room >= len(witness)
+        # already try (its siblings, its aligned text); in a wide row (a class ``key``)
+        # walks there almost never find one, and were most of a tight row's cost. A narrow
+        # row's few tokens are walked (``":{"`` after a key, where the witness is ``":``
+        # ``{`` ``"``...: its own text in fewer tokens).
+        slack = room >= len(witness) or key is None
+        walk = walks.left > 0 and key not in walks.failed and slack
         if not walk and not walks.why:  # a sort: an unchecked token is cleared either way
             return None
         too_long = any(completes(self.inner, [token, *suffix]) for suffix in longer)
