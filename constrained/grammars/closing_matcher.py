@@ -27,11 +27,11 @@ and narrowed to exactly its safe tokens otherwise:
   time, else a walk from after ``t`` that ends where the witness completes (``WALK_TOKENS``
   a row, ``NARROW_WALK_TOKENS`` in a narrow one, charged a walk's spelt length or, when it
   finds nothing, its room: up to about twice that in masks, since a walk goes a character
-  at a time; none after a token whose
-  known suffix completes but is too long, or after a member of a class whose walk found
-  nothing this row; a token left unchecked is cleared, so a narrowed row never holds an
-  unsafe token). A check is one ``completes`` of the matcher (llguidance: about 2 us); a
-  walk costs a mask per token, so a suffix found once is tried again before walking.
+  at a time; none after a token whose known suffix completes but is too long, or after a
+  member of a class whose walk found nothing this row; a token left unchecked is cleared,
+  so a narrowed row never holds an unsafe token). A check is one ``completes`` of the
+  matcher (llguidance: about 2 us); a walk costs a mask per token, so a suffix found once
+  is tried again before walking.
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
   row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again
@@ -52,7 +52,7 @@ and narrowed to exactly its safe tokens otherwise:
   walk of this request took after it, or its class, before a witness completed, put before
   this row's witness; for a token cut inside a UTF-8 character, the fewest tokens that
   finish it). A wide row's token is walked from only where there is slack (``left - 2``
-  at least the witness's length); a narrow row's, always (within ``WALK_TOKENS``).
+  at least the witness's length); a narrow row's, always (within ``NARROW_WALK_TOKENS``).
 - **No slack** (``left - 2`` less than the witness's length): only tokens completing as
   shortly as the witness stay, so the witness must be the shortest known: one walk looks
   for a shorter one, once along a witness of at most ``SHORTER_WITNESS_MAX`` tokens (one
@@ -352,6 +352,7 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
         quote = by_bytes.get(b'"')
         finish: dict[int, tuple[int, ...]] = {}
         pieces = vocab.token_bytes()
+        low = by_bytes.get(b"\x80")
         tails: dict[int, list[int]] = {}  # tokens of 2 or 3 continuation bytes, by length
         for tok, piece in enumerate(pieces):
             if 1 < len(piece) < 4 and all(b & 0xC0 == 0x80 for b in piece):
@@ -369,18 +370,15 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
             if whole is not None:
                 finish[tok] = (whole,)
                 continue
-            low = by_bytes.get(b"\x80")
             if owed == 3 and low is not None:  # two tokens, not three
-                pair = (t for t in tails.get(2, ()) if _decodes(lead + pieces[t] + b"\x80"))
-                first_two = next(pair, None)
-                if first_two is not None:
-                    finish[tok] = (first_two, low)
+                pairs = (t for t in tails.get(2, ()) if _decodes(lead + pieces[t] + b"\x80"))
+                two = next(pairs, None)
+                if two is not None:
+                    finish[tok] = (two, low)
                     continue
             for first in (0x80, 0x90, 0xA0):  # E0 needs A0+, F0 90+, ED and F4 below them
                 more = bytes([first] + [0x80] * (owed - 1))
-                try:
-                    (piece[start:] + more).decode()
-                except UnicodeDecodeError:
+                if not _decodes(lead + more):
                     continue
                 ids = [by_bytes.get(bytes([b])) for b in more]
                 if all(i is not None for i in ids):
