@@ -51,7 +51,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.matcher import Matcher, MatcherWrapper, fill_only, words_for
+from constrained.grammars.matcher import (
+    Matcher,
+    MatcherWrapper,
+    fill_only,
+    row_ids,
+    words_for,
+)
 from constrained.schema.array_checks import (
     CheckPlan,
     canonical,
@@ -312,7 +318,7 @@ class CheckedMatcher(MatcherWrapper):
         inside = scan.mode == STRING
         checked = _innermost_checked(scan)
         if checked is not None and scan.stack[checked].rules.finite is not None:
-            return _ids(words)  # an enum's items: few tokens, the look-ahead reads each
+            return row_ids(words)  # an enum's items: few tokens, the look-ahead reads each
         depth = None if checked is None else scan.depth_in(checked)
         scalars = depth == 0 and not inside and scan.stack[checked].rules.unique
         escape = scan.escape if inside else 0
@@ -322,7 +328,7 @@ class CheckedMatcher(MatcherWrapper):
         hits = words & reach
         if quiet_known:
             hits &= ~self.reach.packed_quiet()[: len(words)]
-        return _ids(hits)
+        return row_ids(hits)
 
     def _replays(self, words: np.ndarray) -> list[int]:
         """Allowed tokens that keep the item being written (of the innermost ``uniqueItems``
@@ -669,7 +675,7 @@ class CheckedMatcher(MatcherWrapper):
         full = any(c.at_most is not None and n >= c.at_most for c, n in pairs)
         if not full and not self._needed(frame, forced=False):
             return
-        ids = _ids(words)
+        ids = row_ids(words)
         if len(ids) > MAX_FOLLOWED or self.inner.forced_bytes() is None:
             return
         for token in ids.tolist():
@@ -745,17 +751,6 @@ _OPENING: dict[int, np.ndarray] = {}
 
 def _has(words: np.ndarray, token: int) -> bool:
     return bool((int(words[token >> 5]) >> (token & 31)) & 1)
-
-
-def _ids(words: np.ndarray) -> np.ndarray:
-    """The token ids whose bits are set in ``words``."""
-    if not words.any():
-        return np.zeros(0, np.int64)
-    hit = np.flatnonzero(words)
-    if not hit.size:
-        return hit
-    bits = np.unpackbits(words[hit].view(np.uint8), bitorder="little").reshape(-1, 32)
-    return (hit[:, None] * 32 + np.arange(32))[bits.astype(bool)]
 
 
 def _innermost_checked(scan: Scan) -> int | None:

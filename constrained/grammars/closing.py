@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from constrained.grammars.matcher import words_for
+from constrained.grammars.matcher import row_ids, words_for
 from constrained.grammars.qwen_xml import PARAMETER_CLOSE
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[i
             text = b"".join(pieces[token] for token in path[kept:]).decode()
         except UnicodeDecodeError:
             continue
-        tokens = path[:kept] + list(vocab.hf_tokenizer.encode(text, add_special_tokens=False))
+        tokens = path[:kept] + vocab.encode(text)
         if len(tokens) < len(path) and matcher.completes(tokens):
             return tokens
         break
@@ -260,10 +260,7 @@ def _few_allowed(words: np.ndarray, width: int) -> np.ndarray | None:
     ``argmin``, without a pass over it."""
     if np.count_nonzero(words) * 32 > width // 4:  # counted first: a wide row needs no ids
         return None
-    nonzero = np.flatnonzero(words)
-    bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
-    word, bit = np.nonzero(bits)
-    ids = nonzero[word] * 32 + bit
+    ids = row_ids(words)
     return ids[ids < width]
 
 

@@ -91,7 +91,7 @@ from constrained.grammars.closing import (
     literal_tokens,
     root_witness,
 )
-from constrained.grammars.matcher import Matcher, MatcherWrapper, words_for
+from constrained.grammars.matcher import Matcher, MatcherWrapper, row_ids, words_for
 
 if TYPE_CHECKING:
     import torch
@@ -768,16 +768,25 @@ class ClosingMatcher(MatcherWrapper):
         after which no completion fits (a known suffix too long, or a walk that finds none
         in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
         (text) is left as it is."""
-        if int(np.bitwise_count(words).sum()) > EXACT_MAX + 1:  # wide (end-of-sequence aside)
+        allowed = int(np.bitwise_count(words).sum())
+        if allowed > EXACT_MAX + 1:  # wide (end-of-sequence aside)
             return
-        keep = allowed_ids(bitmask[row], self.vocab.width)
-        keep[self.eos] = False
-        if np.count_nonzero(keep) > EXACT_MAX:
+        eos, first = self.eos, witness[0] if witness else self.eos
+        others = allowed - int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
+        if others == 0 or (others == 1 and words[first >> 5] >> np.uint32(first & 31) & 1):
+            # the witness's first token alone (a key's next piece): nothing to clear, and
+            # its check is the witness's own (a fifth of the riser rows, for nothing)
+            if committed:
+                self.safe = {first: list(witness[1:])} if others else {}
+            return
+        ids = row_ids(words)
+        ids = ids[(ids != eos) & (ids < self.vocab.width)]
+        if ids.size > EXACT_MAX:
             return
         safe: dict[int, list[int]] = {}
         walks, risers = Walks(why=True), []
         walks.left = RISER_WALK_TOKENS
-        tokens = np.flatnonzero(keep).tolist()
+        tokens = ids.tolist()
         for token in tokens:
             if self._check(token, witness, left, safe, walks) is None and walks.no_end:
                 risers.append(token)
@@ -977,7 +986,7 @@ class ClosingMatcher(MatcherWrapper):
             remainder = rest[len(piece) :].decode()
         except UnicodeDecodeError:
             return None
-        return list(self.vocab.hf_tokenizer.encode(remainder, add_special_tokens=False))
+        return self.vocab.encode(remainder)
 
     def _check(
         self,

@@ -135,10 +135,18 @@ class LLGuidanceMatcher(Matcher):
         return self.inner.validate_tokens(tokens)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        # A stopped or failed llguidance matcher writes an EOS-only mask by itself.
-        import llguidance.torch
+        """``llguidance.torch.fill_next_token_bitmask`` without its slicing and checks for a
+        host int32 row, every caller's (half of a walk step's fill). A stopped or failed
+        matcher writes an EOS-only mask by itself."""
+        import torch
 
-        llguidance.torch.fill_next_token_bitmask(self.inner, bitmask, row)
+        if not bitmask.is_cpu or bitmask.dtype != torch.int32 or bitmask.stride(1) != 1:
+            import llguidance.torch  # not a host int32 row: the checked path says why
+
+            llguidance.torch.fill_next_token_bitmask(self.inner, bitmask, row)
+            return
+        offset = 4 * bitmask.stride(0) * row
+        self.inner.unsafe_compute_mask_ptr(bitmask.data_ptr() + offset, 4 * bitmask.shape[1])
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
