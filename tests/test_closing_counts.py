@@ -237,3 +237,26 @@ def test_with_no_slack_a_shorter_witness_is_looked_for_once(vocab, monkeypatch):
     walks.clear()
     allowed(stack, bitmask, 0, WIDTH)
     assert (1,) not in walks  # not again along the same witness
+
+
+def test_with_one_token_of_slack_a_shorter_witness_is_looked_for_too(vocab):
+    """One token of slack (the room equals the witness's length) is as tight for a token
+    that owes one more: ``\\xc2`` needs a continuation byte, ``\\`` the rest of its escape,
+    so with the witness ``"`` ``}`` (followed from far away) their completions take one token
+    more than the room, and they were cleared (MaskBench calculate_taxes, 7 of 24 verified
+    clears needless). The walk for a shorter witness runs there too: ``"}`` leaves room for
+    the finish, and both stay allowed."""
+    from tests.closing_walk import allowed, closing_stack
+
+    schema = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"],
+              "additionalProperties": False}  # fmt: skip
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack = closing_stack(compiled, vocab, 7)
+    assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
+    quote, brace, close, lead, slash = ids(vocab, b'"', b"}", b'"}', b"\xc2", b"\\")
+    assert stack.inner.completes([quote, brace]) and stack.left == 4
+    stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
+    row = allowed(stack, bitmask, 0, WIDTH)
+    assert stack.witness == [close]
+    assert lead in row and slash in row  # '\xc2' '\xa0' '"}', '\' '"' '"}': 3 + end

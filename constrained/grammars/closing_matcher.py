@@ -53,11 +53,12 @@ and narrowed to exactly its safe tokens otherwise:
   this row's witness; for a token cut inside a UTF-8 character, the fewest tokens that
   finish it). A wide row's token is walked from only where there is slack (``left - 2``
   at least the witness's length); a narrow row's, always (within ``NARROW_WALK_TOKENS``).
-- **No slack** (``left - 2`` less than the witness's length): only tokens completing as
-  shortly as the witness stay, so the witness must be the shortest known: one walk looks
-  for a shorter one, once along a witness of at most ``SHORTER_WITNESS_MAX`` tokens (one
-  followed from far away need not be the shortest from here: ``":`` ``2`` ``}}`` where
-  ``":""`` ``}}`` also completes).
+- **No slack** (``left - 2`` less than the witness's length), **or one token of it**
+  (equal: a UTF-8 lead byte or a ``\\`` owes one token more): only tokens completing as
+  shortly as the witness (or one token longer) stay, so the witness must be the shortest
+  known: one walk looks for a shorter one, once along a witness of at most
+  ``SHORTER_WITNESS_MAX`` tokens (one followed from far away need not be the shortest from
+  here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes).
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -113,7 +114,7 @@ RECHECK_EVERY = 16  # tokens before walking again after a walk found no completi
 # doubled after each such walk in a row (a failed walk runs to its room: 40-100 ms inside a
 # string whose ``pattern`` the walk cannot meet, each time, for a row that is cut anyway)
 SHORTER_WITNESS_MAX = 16  # a witness this short or shorter is walked for a shorter one
-# once where it leaves no slack
+# once where it leaves no slack or one token of it
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
@@ -711,12 +712,13 @@ class ClosingMatcher(MatcherWrapper):
             witness is not None
             and committed
             and not self.shortest_tried
-            and (left - 2 < len(witness) > 1)
+            and (left - 2 <= len(witness) > 1)
             and len(witness) <= SHORTER_WITNESS_MAX
         ):
-            # No slack: only tokens completing as shortly as the witness stay. A witness
-            # followed from far away need not be the shortest from here (``":`` ``2``
-            # ``}}`` where ``":""`` ``}}`` also completes): one walk, once along it. Not
+            # No slack, or one token of it: only tokens completing as shortly as the
+            # witness (or one token longer: ``\xc2`` owes a byte, ``\`` a ``"``) stay. A
+            # witness followed from far away need not be the shortest from here (``":``
+            # ``2`` ``}}`` where ``":""`` ``}}`` also completes): one walk, once along it. Not
             # for a long witness: a long walk each time, and an output at the least budget
             # admission takes is safest on the one path it was admitted for.
             self.shortest_tried = True
