@@ -212,17 +212,11 @@ def test_with_no_slack_a_shorter_witness_is_looked_for_once(vocab, monkeypatch):
     shortly as the witness stay: a witness followed from far away that is longer than
     need be (``"`` ``}`` where ``"}`` also completes) would clear every text token. One walk
     finds the shorter one, and text stays allowed; the walk runs once along a witness."""
-    from tests.closing_walk import allowed, closing_stack
+    from tests.closing_walk import allowed
 
-    schema = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"],
-              "additionalProperties": False}  # fmt: skip
-    compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
-    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
-    stack = closing_stack(compiled, vocab, 6)
-    assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
-    quote, brace, close, text = ids(vocab, b'"', b"}", b'"}', b"a")
-    assert stack.inner.completes([quote, brace]) and stack.left == 3
-    stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
+    stack, bitmask = _inside_k_with_a_long_witness(vocab, 6)
+    close, text = ids(vocab, b'"}', b"a")
+    assert stack.left == 3
     walks = []
     real_walk = ClosingMatcher._walk
 
@@ -246,17 +240,28 @@ def test_with_one_token_of_slack_a_shorter_witness_is_looked_for_too(vocab):
     more than the room, and they were cleared (MaskBench calculate_taxes, 7 of 24 verified
     clears needless). The walk for a shorter witness runs there too: ``"}`` leaves room for
     the finish, and both stay allowed."""
-    from tests.closing_walk import allowed, closing_stack
+    from tests.closing_walk import allowed
+
+    stack, bitmask = _inside_k_with_a_long_witness(vocab, 7)
+    close, lead, slash = ids(vocab, b'"}', b"\xc2", b"\\")
+    assert stack.left == 4
+    row = allowed(stack, bitmask, 0, WIDTH)
+    assert stack.witness == [close]
+    assert lead in row and slash in row  # '\xc2' '\xa0' '"}', '\' '"' '"}': 3 + end
+
+
+def _inside_k_with_a_long_witness(vocab, budget: int):
+    """A closing stack at ``budget`` inside ``{"k":"``, its witness set to ``"`` ``}`` (as
+    one followed from far away would be), where ``"}`` completes in one token; and a
+    one-row bitmask."""
+    from tests.closing_walk import closing_stack
 
     schema = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"],
               "additionalProperties": False}  # fmt: skip
     compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
-    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
-    stack = closing_stack(compiled, vocab, 7)
+    stack = closing_stack(compiled, vocab, budget)
     assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
-    quote, brace, close, lead, slash = ids(vocab, b'"', b"}", b'"}', b"\xc2", b"\\")
-    assert stack.inner.completes([quote, brace]) and stack.left == 4
+    quote, brace = ids(vocab, b'"', b"}")
+    assert stack.inner.completes([quote, brace])
     stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
-    row = allowed(stack, bitmask, 0, WIDTH)
-    assert stack.witness == [close]
-    assert lead in row and slash in row  # '\xc2' '\xa0' '"}', '\' '"' '"}': 3 + end
+    return stack, torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
