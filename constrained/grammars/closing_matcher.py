@@ -773,9 +773,10 @@ class ClosingMatcher(MatcherWrapper):
         allowed = int(np.bitwise_count(words).sum())
         if allowed > EXACT_MAX + 1:  # wide (end-of-sequence aside)
             return
-        eos, first = self.eos, witness[0] if witness else self.eos
+        eos, first = self.eos, witness[0] if witness else None
         others = allowed - int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
-        if others == 0 or (others == 1 and words[first >> 5] >> np.uint32(first & 31) & 1):
+        alone = first is not None and words[first >> 5] >> np.uint32(first & 31) & 1
+        if others == 0 or (others == 1 and alone):
             # the witness's first token alone (a key's next piece): nothing to clear, and
             # its check is the witness's own (a fifth of the riser rows, for nothing)
             if committed:

@@ -226,8 +226,8 @@ def words_for(width: int) -> int:
 
 def row_ids(words: np.ndarray) -> np.ndarray:
     """The token ids (int64, ascending) whose bits are set in a row's uint32 ``words``: read
-    from its nonzero words only, so a narrow row costs a few microseconds (a ``nonzero``
-    over the whole row's 151,936 booleans costs about 60)."""
+    from its nonzero words only: about 16 us for a row of a few words, where unpacking and
+    reading all 151,936 bits took about 70 in closing's riser rows."""
     hit = (words != 0).nonzero()[0]  # a bool array's nonzero: 3x a uint32 array's
     if not hit.size:
         return hit
