@@ -803,10 +803,10 @@ class ClosingMatcher(MatcherWrapper):
         self, words: np.ndarray, witness: list[int], before: np.ndarray, left: int
     ) -> None:
         """A narrowed row left empty. Where the matcher accepts the witness
-        (``completes``), the layers below did not allow its first token: llguidance 1.7.6
-        can compute a mask that leaves out a token its ``validate_tokens`` and ``consume``
-        take (seen after a history of checks; a fresh matcher at the same state allows it).
-        The row keeps that token rather than nothing. Otherwise (no witness known to
+        (``completes``), the layers below did not allow its first token (llguidance 1.7.6
+        did, after a mask inside an undone look-ahead, until its matcher computed those on
+        a copy: ``LLGuidanceMatcher``; kept as a guard for any backend). The row keeps that
+        token rather than nothing. Otherwise (no witness known to
         complete here) the row is the grammar's, unnarrowed, and the output may be cut: a
         row never allows a token the matcher refuses, and is never empty."""
         if not witness or not completes(self.inner, witness):

@@ -90,26 +90,61 @@ def compile_grammar(spec: GrammarSpec, vocab: Vocab) -> LLGuidanceGrammar:
 
 
 class LLGuidanceMatcher(Matcher):
+    """One request's llguidance matcher, held to the contract's ``rollback``.
+
+    llguidance 1.7.6 breaks that promise in one way: a mask computed at a state that is
+    then rolled back leaves state behind, and a later mask at another state can leave out
+    tokens its own ``consume`` takes (``{"`` ``Log`` ``Directory`` ``":"``, a mask, a
+    rollback of the four, then ``"Name":"+``: the 49 tokens ``",`` ``]",``... that close
+    the string are missing; a fresh matcher at that state allows them). So a mask is
+    computed on the matcher itself only where its tokens are committed (no look-ahead
+    above them: ``ahead``), and on a copy (``deep_copy``, about 2 us) inside a look-ahead
+    (closing's walks, draft rows). A rollback of committed tokens below the last state
+    masked in place rebuilds the matcher from an unmasked copy of its start and the tokens
+    that stay (``tests/test_llguidance_rollback.py``).
+    """
+
     def __init__(self, grammar: LLGuidanceGrammar) -> None:
         from llguidance import LLMatcher
 
         self.eos = grammar.vocab.eos_token_id
         self.inner = LLMatcher(grammar.vocab.llguidance(), grammar.text, log_level=0)
         self.error: str | None = self.inner.get_error() or None
+        self._start = self.inner.deep_copy()  # never masked: what a rebuild starts from
+        self._tokens: list[int] = []  # every token the matcher holds, in order
+        self.ahead = 0  # of them, the last ones a look-ahead took (``try_consume``)
+        self._masked = 0  # tokens held when a mask was last computed in place
 
     def consume(self, tokens: Sequence[int]) -> bool:
         tokens = list(tokens)
         # llguidance stops by itself when nothing can follow; the EOS sampled then is fine.
         if tokens and tokens[-1] == self.eos and self.inner.is_stopped():
             tokens.pop()
-        if self.error is None and tokens and not self.inner.consume_tokens(tokens):
-            self.error = _short(self.inner.get_error()) or "token refused"
+        if self.error is None and tokens:
+            if not self.inner.consume_tokens(tokens):
+                self.error = _short(self.inner.get_error()) or "token refused"
+            else:
+                self._tokens += tokens
+                if self.ahead:  # on top of a look-ahead: undone with it
+                    self.ahead += len(tokens)
         return self.error is None
 
     def try_consume(self, tokens: Sequence[int]) -> int:
         if self.error is not None:
             return 0
-        return self.inner.try_consume_tokens(list(tokens))
+        tokens = list(tokens)
+        taken = self.inner.try_consume_tokens(tokens)
+        self._tokens += tokens[:taken]
+        self.ahead += taken
+        return taken
+
+    def _masker(self) -> Any:
+        """The llguidance matcher to compute this state's mask on: itself where every token
+        it holds is committed, else a copy (see the class's docstring)."""
+        if self.ahead:
+            return self.inner.deep_copy()
+        self._masked = len(self._tokens)
+        return self.inner
 
     def completes(self, tokens: Sequence[int]) -> bool:
         """The tokens and then end-of-sequence validated without committing them: exactly
@@ -140,17 +175,32 @@ class LLGuidanceMatcher(Matcher):
         matcher writes an EOS-only mask by itself."""
         import torch
 
+        masker = self._masker()
         if not bitmask.is_cpu or bitmask.dtype != torch.int32 or bitmask.stride(1) != 1:
             import llguidance.torch  # not a host int32 row: the checked path says why
 
-            llguidance.torch.fill_next_token_bitmask(self.inner, bitmask, row)
+            llguidance.torch.fill_next_token_bitmask(masker, bitmask, row)
             return
         offset = 4 * bitmask.stride(0) * row
-        self.inner.unsafe_compute_mask_ptr(bitmask.data_ptr() + offset, 4 * bitmask.shape[1])
+        masker.unsafe_compute_mask_ptr(bitmask.data_ptr() + offset, 4 * bitmask.shape[1])
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens:
+        if not num_tokens:
+            return
+        committed = num_tokens - min(num_tokens, self.ahead)
+        self.ahead -= num_tokens - committed
+        del self._tokens[len(self._tokens) - num_tokens :]
+        if committed and len(self._tokens) < self._masked:
+            self._rebuild()  # a mask was computed in place above where it now is
+        else:
             self.inner.rollback(num_tokens)
+
+    def _rebuild(self) -> None:
+        """The matcher afresh (an unmasked copy of its start) over the tokens that stay."""
+        self.inner = self._start.deep_copy()
+        if self._tokens and not self.inner.consume_tokens(self._tokens):
+            self.error = _short(self.inner.get_error()) or "token refused"
+        self._masked = 0
 
     def accepts_end(self) -> bool:
         return self.error is None and self.inner.is_accepting()
@@ -174,7 +224,7 @@ class LLGuidanceMatcher(Matcher):
 
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()
-        inner = [(m.inner, row) for m, row in pairs]  # type: ignore[attr-defined]
+        inner = [(m._masker(), row) for m, row in pairs]  # type: ignore[attr-defined]
         llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, inner, bitmask)
 
 
