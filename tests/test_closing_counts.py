@@ -5,8 +5,10 @@ repeats, and how often a request that found no completion walks again (issue #27
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
+import pytest
 import torch
 
 from constrained.grammars import GrammarSpec, compile_now
@@ -25,6 +27,8 @@ from constrained.grammars.matcher import words_for
 from tests.test_grammar_bookkeeping import WIDTH, vocab
 
 __all__ = ["vocab"]
+
+MASKBENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
 
 # A pattern read as "starts with allow, or ends with deny": after other text only ``deny``
 # then ``"`` closes the string, which no walk's choice of one token at a time reaches.
@@ -265,3 +269,37 @@ def _inside_k_with_a_long_witness(vocab, budget: int):
     assert stack.inner.completes([quote, brace])
     stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
     return stack, torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+
+
+def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
+    """Found by ``benchmarks/closing_walks.py`` (MaskBench o4050, an enum of 500 licence ids,
+    ``max_tokens`` 12): the first row after ``"`` allows 346 tokens, checked by class (runs
+    of letters are one class); the class's ends did not finish in time, 8 members and the
+    witness's were checked, and the rest cleared: 1 kept, where ``Cu`` finishes in 2. A row
+    of structure, not free text, now checks those members by what the grammar forces after
+    each (an enum value's rest): every token whose forced rest completes in time stays."""
+    path = MASKBENCH / "Github_trivial---o4050.json"
+    if not path.exists():
+        pytest.skip("MaskBench is not here")
+    compiled = grammar(vocab, json.loads(path.read_text())["schema"])
+    bitmask = torch.zeros(2, words_for(WIDTH), dtype=torch.int32)
+    from tests.closing_walk import allowed, closing_stack
+
+    stack, off = closing_stack(compiled, vocab, 12), compiled.matcher()
+    for matcher in (stack, off):
+        allowed(matcher, bitmask, 0, WIDTH)
+        assert matcher.consume(ids(vocab, b'"'))
+    free = allowed(off, bitmask, 0, WIDTH)
+    kept = allowed(stack, bitmask, 1, WIDTH)
+    assert free.size > 64 and not in_free_text(vocab, bitmask[0].numpy().view(np.uint32))
+    assert stack.left == 11
+    finish = []  # tokens after which the grammar forces a completion that fits
+    for token in free.tolist():
+        assert off.try_consume([token]) == 1
+        rest = off.forced()
+        if len(rest) + 2 <= stack.left and off.completes(rest):
+            finish.append(token)
+        off.rollback(1)
+    assert len(finish) > 100
+    assert np.isin(finish, kept).all()
+    assert kept.size < free.size  # still narrowed: the ids too long for 11 tokens go
