@@ -302,4 +302,7 @@ def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
         off.rollback(1)
     assert len(finish) > 100
     assert np.isin(finish, kept).all()
+    for token in finish:  # each kept with a suffix of its own that completes in time
+        suffix = stack.safe[token]
+        assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
     assert kept.size < free.size  # still narrowed: the ids too long for 11 tokens go

@@ -111,3 +111,15 @@ def test_tokens_consumed_on_top_of_a_look_ahead_are_undone_with_it(grammar, voca
     after = encode(vocab, '"a":"x')
     assert matcher.consume(after)
     np.testing.assert_array_equal(row(matcher), fresh_row(grammar, start + after))
+
+
+def test_a_matcher_in_error_stays_in_error_through_a_rollback(grammar, vocab):
+    """A refused token ends the output (``fill`` writes end-of-sequence only); undoing
+    committed tokens below a mask does not bring the grammar's row back."""
+    matcher = grammar.matcher()
+    assert matcher.consume(encode(vocab, '{"a":"x'))
+    row(matcher)  # masked in place
+    assert not matcher.consume(encode(vocab, "\n"))  # a raw newline inside a JSON string
+    matcher.rollback(3)
+    assert matcher.error is not None
+    assert row(matcher).tolist() == [vocab.eos_token_id]

@@ -122,6 +122,8 @@ CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its en
 FORCED_CHECKS = 512  # tokens a wide row of structure (an enum's values, not free text)
 # would clear, checked again by what the grammar forces after them (one ``forced()`` and one
 # check each: an enum of 500 licence ids kept 1 of 346 first tokens, ``Cu`` finishing in 2)
+FORCED_TRIAL = 64  # ... given up when none of the first this many is kept (a string's
+# ``pattern`` or ``format``: wide rows of structure where nothing is forced after a token)
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
 RISE_WALK_TOKENS = 96  # ... and one walk of it
 _PLAIN = np.ones(256, dtype=bool)
@@ -952,7 +954,12 @@ class ClosingMatcher(MatcherWrapper):
             unsafe += [t for t in {first, last} if t not in safe]
         if not text and (unsafe or unchecked):  # an enum's values: each one's forced rest
             rest = np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
-            forced = [t for t in rest[:FORCED_CHECKS].tolist() if self._forced_check(t, left, safe)]
+            forced = []
+            for k, token in enumerate(rest[:FORCED_CHECKS].tolist()):
+                if k == FORCED_TRIAL and not forced:
+                    break  # nothing forced after these (a ``pattern``'s text): not an enum
+                if self._forced_check(token, left, safe):
+                    forced.append(token)
             return safe, by_class, np.setdiff1d(rest, forced) if forced else rest
         if unchecked:  # as an array: a wide row near the end clears most of the vocabulary
             return safe, by_class, np.concatenate([np.asarray(unsafe, np.int64), *unchecked])

@@ -189,8 +189,8 @@ class LLGuidanceMatcher(Matcher):
             return
         committed = num_tokens - min(num_tokens, self.ahead)
         self.ahead -= num_tokens - committed
-        del self._tokens[len(self._tokens) - num_tokens :]
-        if committed and len(self._tokens) < self._masked:
+        del self._tokens[max(len(self._tokens) - num_tokens, 0) :]
+        if committed and len(self._tokens) < self._masked and self.error is None:
             self._rebuild()  # a mask was computed in place above where it now is
         else:
             self.inner.rollback(num_tokens)
