@@ -813,9 +813,9 @@ class ClosingMatcher(MatcherWrapper):
         (``completes``), the layers below did not allow its first token (llguidance 1.7.6
         did, after a mask inside an undone look-ahead, until its matcher computed those on
         a copy: ``LLGuidanceMatcher``; kept as a guard for any backend). The row keeps that
-        token rather than nothing. Otherwise (no witness known to
-        complete here) the row is the grammar's, unnarrowed, and the output may be cut: a
-        row never allows a token the matcher refuses, and is never empty."""
+        token rather than nothing. Otherwise (no witness known to complete here) the row is
+        the grammar's, unnarrowed, and the output may be cut: a row never allows a token the
+        matcher refuses, and is never empty."""
         if not witness or not completes(self.inner, witness):
             words[:] = before
             self._warn(left, None)
@@ -952,18 +952,24 @@ class ClosingMatcher(MatcherWrapper):
             ]
             unchecked.append(others[CLASS_CHECKS:])
             unsafe += [t for t in {first, last} if t not in safe]
-        if not text and (unsafe or unchecked):  # an enum's values: each one's forced rest
-            rest = np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
-            forced = []
-            for k, token in enumerate(rest[:FORCED_CHECKS].tolist()):
-                if k == FORCED_TRIAL and not forced:
-                    break  # nothing forced after these (a ``pattern``'s text): not an enum
-                if self._forced_check(token, left, safe):
-                    forced.append(token)
-            return safe, by_class, np.setdiff1d(rest, forced) if forced else rest
-        if unchecked:  # as an array: a wide row near the end clears most of the vocabulary
-            return safe, by_class, np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
-        return safe, by_class, unsafe
+        # as an array: a wide row near the end clears most of the vocabulary
+        cleared = np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
+        if not text and cleared.size:  # an enum's values: each one's forced rest
+            cleared = self._keep_forced(cleared, left, safe)
+        return safe, by_class, cleared
+
+    def _keep_forced(
+        self, cleared: np.ndarray, left: int, safe: dict[int, list[int]]
+    ) -> np.ndarray:
+        """``cleared`` less the tokens (the first ``FORCED_CHECKS``) whose forced rest
+        completes in time; none tried past ``FORCED_TRIAL`` when none of those was kept."""
+        kept = []
+        for k, token in enumerate(cleared[:FORCED_CHECKS].tolist()):
+            if k == FORCED_TRIAL and not kept:
+                break  # nothing forced after these (a ``pattern``'s text): not an enum
+            if self._forced_check(token, left, safe):
+                kept.append(token)
+        return np.setdiff1d(cleared, kept) if kept else cleared
 
     def _forced_check(self, token: int, left: int, safe: dict[int, list[int]]) -> bool:
         """Whether what the grammar forces after ``token`` completes the output in time (an
