@@ -17,6 +17,7 @@ from constrained.grammars.closing import find_witness
 from constrained.grammars.closing_matcher import (
     RECHECK_EVERY,
     ClosingMatcher,
+    Walks,
     _open_bytes,
     in_free_text,
     text_classes,
@@ -306,3 +307,64 @@ def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
         suffix = stack.safe[token]
         assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
     assert kept.size < free.size  # still narrowed: the ids too long for 11 tokens go
+
+
+# An array of at least 8 objects whose free keys take an integer or a one-key object: from
+# inside a key the witness is ``":`` ``1`` ``}`` then the other seven objects.
+FREE_KEYS = {
+    "type": "array",
+    "minItems": 8,
+    "items": {
+        "type": "object",
+        "additionalProperties": {
+            "anyOf": [
+                {"type": "integer"},
+                {"type": "object", "properties": {"z": {"type": "integer"}}, "required": ["z"],
+                 "additionalProperties": False},
+            ]
+        },
+    },
+}  # fmt: skip
+
+
+def test_a_checks_walk_ends_on_the_witness_tail_after_the_value(vocab):
+    """After ``":{"`` inside a key the witness (``":`` ``1`` ``}``...) no longer completes,
+    nor its tail after the first token; the rest of the array does, once the object value
+    is closed. A check's walk tries the witness's tails from each ``,`` ``}`` ``]`` it
+    reaches (``_joins``), so it writes ``z":1}`` and ends on the witness's own tail: a few
+    masks, counted against the row's walk budget as such (MaskBench o81602 at 256 tokens:
+    walks of 70 masks each ran a wide row's budget out and cleared tokens that fit)."""
+    from constrained.grammars.closing_matcher import WALK_TOKENS
+    from tests.closing_walk import closing_stack
+
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(FREE_KEYS), "llguidance"), vocab)
+    stack = closing_stack(compiled, vocab, 80)
+    assert stack.consume(ids(vocab, b"[", b'{"', b"key"))
+    witness = find_witness(stack.inner, vocab, 64)
+    assert witness is not None and len(witness) > 12
+    (opener,) = ids(vocab, b'":{"')
+    joins = stack._joins(witness)
+    assert joins[:2] == [witness, witness[1:]] and len(joins) > 2
+    assert all(witness[-len(j) :] == j for j in joins)
+    walks, safe = Walks(), {}
+    found = stack._check(opener, witness, stack.left, safe, walks)
+    assert found is not None and stack.inner.completes([opener, *found])
+    assert WALK_TOKENS - walks.left < len(found) // 2  # z ": 1 } and the tail's: not all
+    assert safe[opener] == found
+
+
+def test_a_walks_find_serves_tokens_that_begin_the_same_way(vocab):
+    """A completion a walk found after one token (``":{"`` then ``z":1}``...) is tried,
+    as text, for a token that writes its first bytes (``":`` then ``{"z":1}``...: the
+    rest of the text as the tokenizer writes it), checked by the matcher like any known
+    suffix (``":["`` after a walk from ``":[``, MaskBench o81602)."""
+    from tests.closing_walk import closing_stack
+
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(FREE_KEYS), "llguidance"), vocab)
+    stack = closing_stack(compiled, vocab, 80)
+    assert stack.consume(ids(vocab, b"[", b'{"', b"key"))
+    opener, colon = ids(vocab, b'":{"', b'":')
+    witness = find_witness(stack.inner, vocab, 64)
+    assert stack._check(opener, witness, stack.left, {}, Walks()) is not None
+    tried = list(stack._realigned(colon))
+    assert tried and all(stack.inner.completes([colon, *rest]) for rest in tried)

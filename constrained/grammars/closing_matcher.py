@@ -341,6 +341,15 @@ _WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
 
 
 BRIDGES = 256  # bridges a request keeps (``ClosingMatcher.bridges``)
+JOIN_TAILS = 12  # the witness's boundary tails a check's walk may end on (the shortest)
+_BOUNDARY = (b",", b"}", b"]")  # first bytes of a witness token that begins a tail to join
+
+
+def _masks_taken(found: list[int], joins: Sequence[list[int]]) -> int:
+    """The masks a walk that ended on one of ``joins`` took: ``found`` less the join it
+    ends with (the longest that matches; at least one)."""
+    tail = max((len(j) for j in joins if j and found[-len(j) :] == j), default=0)
+    return max(len(found) - tail, 1)
 
 
 def _forget(key: int) -> None:
@@ -546,6 +555,7 @@ class ClosingMatcher(MatcherWrapper):
         self.recent: dict[int, list[int]] = {}
         self.recent_by_class: dict[int, list[int]] = {}
         self.learnt: list[list[int]] = []  # the last few of them, any token's, newest first
+        self.learnt_texts: list[bytes] = []  # ... each with its token, as text (``_realigned``)
         # What a walk took after a token (key ``-1 - token``) or a member of a class (its
         # key) before the witness of its row, or its tail, completed (``\xa1\xa2`` after
         # the UTF-8 lead byte ``\xe0``, ``":""`` after a key): tried, before the suffixes
@@ -558,6 +568,7 @@ class ClosingMatcher(MatcherWrapper):
         self._last_sort: Sort | None = None
         self.shared = shared
         self._witness_text: tuple | None = None  # ``_text_of``'s last answer
+        self._witness_joins: tuple | None = None  # ``_joins``'s last answer
         self.shortest_tried = False  # a walk for a shorter witness ran along this one
 
     # -- the budget -----------------------------------------------------------------------
@@ -1009,6 +1020,20 @@ class ClosingMatcher(MatcherWrapper):
         self._witness_text = (witness, len(witness), text, bounds)
         return text, bounds
 
+    def _joins(self, witness: list[int]) -> list[list[int]]:
+        """What a check's walk tries to end on at every state it reaches: the witness, its
+        tail after its first token, and its tails from each member or item boundary (a
+        token of the witness that begins with ``,`` ``}`` ``]``): after ``":-`` the walk
+        takes ``1`` and the rest of the object is the witness's own (one mask, not 70)."""
+        kept = self._witness_joins
+        if kept is not None and kept[0] is witness and kept[1] == len(witness):
+            return kept[2]
+        pieces = self.vocab.token_bytes()
+        tails = [k for k in range(2, len(witness)) if pieces[witness[k]][:1] in _BOUNDARY]
+        joins = [witness, witness[1:], *(witness[k:] for k in tails[-JOIN_TAILS:])]
+        self._witness_joins = (witness, len(witness), joins)
+        return joins
+
     def _aligned(self, token: int, witness: list[int]) -> list[int] | None:
         """The witness's text after the token's, when the token writes the witness's first
         bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
@@ -1076,11 +1101,12 @@ class ClosingMatcher(MatcherWrapper):
             return None
         if self.inner.try_consume([token]) != 1:
             return None
+        joins = self._joins(witness)
         try:
-            found = self._walk(room, [witness, witness[1:]])
+            found = self._walk(room, joins)
         finally:
             self.inner.rollback(1)
-        walks.left -= room if found is None else max(len(found), 1)  # the masks it took
+        walks.left -= room if found is None else _masks_taken(found, joins)
         if found is None:
             if key is not None:
                 walks.failed.add(key)
@@ -1116,6 +1142,21 @@ class ClosingMatcher(MatcherWrapper):
         for other in sorted(self.learnt, key=len):
             if other is not mine and other is not known:
                 yield other, True
+        for suffix in self._realigned(token):
+            yield suffix, True
+
+    def _realigned(self, token: int) -> Iterator[list[int]]:
+        """The rest of a learnt completion's text after the token's, where the token writes
+        its first bytes (``":["`` against ``":[`` ``"a"]}``: ``a"]}``), as the tokenizer
+        writes it: a walk's find serves the tokens that begin the same way."""
+        piece = self.vocab.token_bytes()[token]
+        for text in self.learnt_texts:
+            if len(text) > len(piece) and text.startswith(piece):
+                try:
+                    rest = text[len(piece) :].decode()
+                except UnicodeDecodeError:
+                    continue
+                yield self.vocab.encode(rest)
 
     def _found(
         self,
@@ -1139,6 +1180,9 @@ class ClosingMatcher(MatcherWrapper):
             self._bridge(token, key, suffix, witness)
             if suffix not in self.learnt:
                 self.learnt = [safe[token], *self.learnt[: LEARNT - 1]]
+                pieces = self.vocab.token_bytes()
+                text = pieces[token] + b"".join(pieces[t] for t in suffix)
+                self.learnt_texts = [text, *self.learnt_texts[: LEARNT - 1]]
         return safe[token]
 
     def _bridge(self, token: int, key: int | None, suffix: list[int], witness: list[int]) -> None:
