@@ -307,6 +307,13 @@ def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
         suffix = stack.safe[token]
         assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
     assert kept.size < free.size  # still narrowed: the ids too long for 11 tokens go
+    # Where the forced rest stops short (``EC`` forces ``L-``, then ``1.0"`` is one value of
+    # two), a walk from after the token (``FORCED_WALK_MASKS`` a row) keeps it too.
+    walked = np.setdiff1d(kept, finish).tolist()
+    assert len(walked) > 32
+    for token in walked:
+        suffix = stack.safe[token]
+        assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
 
 
 # An array of at least 8 objects whose free keys take an integer or a one-key object: from

@@ -124,6 +124,10 @@ FORCED_CHECKS = 512  # tokens a wide row of structure (an enum's values, not fre
 # check each: an enum of 500 licence ids kept 1 of 346 first tokens, ``Cu`` finishing in 2)
 FORCED_TRIAL = 64  # ... given up when none of the first this many is kept (a string's
 # ``pattern`` or ``format``: wide rows of structure where nothing is forced after a token)
+FORCED_WALK_MASKS = NARROW_WALK_TOKENS  # ... then, in a row where some forced rest ends
+# the output (an enum's), masks the walks after the tokens whose forced rest stops short
+# may take (``EC`` forces ``L-``, then ``1.0"`` is one of two values; a failed walk is
+# charged its room)
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
 RISE_WALK_TOKENS = 96  # ... and one walk of it
 _PLAIN = np.ones(256, dtype=bool)
@@ -973,28 +977,59 @@ class ClosingMatcher(MatcherWrapper):
         self, cleared: np.ndarray, left: int, safe: dict[int, list[int]]
     ) -> np.ndarray:
         """``cleared`` less the tokens (the first ``FORCED_CHECKS``) whose forced rest
-        completes in time; none tried past ``FORCED_TRIAL`` when none of those was kept."""
-        kept = []
+        completes in time (none tried past ``FORCED_TRIAL`` when none of those did); then,
+        in a row where some did (an enum's, not a ``pattern``'s text), those whose forced
+        rest stops short but a walk after it completes in time (``FORCED_WALK_MASKS``)."""
+        kept: list[int] = []
+        short: list[int] = []  # tokens whose forced rest does not end the output
         for k, token in enumerate(cleared[:FORCED_CHECKS].tolist()):
             if k == FORCED_TRIAL and not kept:
                 break  # nothing forced after these (a ``pattern``'s text): not an enum
-            if self._forced_check(token, left, safe):
+            done = self._forced_check(token, left, safe)
+            if done:
+                kept.append(token)
+            elif done is not None:
+                short.append(token)
+        masks = FORCED_WALK_MASKS if kept else 0
+        for token in short:
+            if masks <= 0:
+                break
+            found = self._walk_after(token, left - 2)
+            masks -= left - 2 if found is None else max(len(found), 1)
+            if found is not None:
+                safe[token] = found
                 kept.append(token)
         return np.setdiff1d(cleared, kept) if kept else cleared
 
-    def _forced_check(self, token: int, left: int, safe: dict[int, list[int]]) -> bool:
+    def _forced_check(self, token: int, left: int, safe: dict[int, list[int]]) -> bool | None:
         """Whether what the grammar forces after ``token`` completes the output in time (an
-        enum value's first token: the rest of the value is forced); recorded in ``safe``."""
+        enum value's first token: the rest of the value is forced); recorded in ``safe``.
+        ``None``: the token is refused, or its forced rest alone is too long."""
         if self.inner.try_consume([token]) != 1:
-            return False
+            return None
         try:
             rest = self.inner.forced()
-            done = len(rest) <= left - 2 and completes(self.inner, rest)
+            if len(rest) > left - 2:
+                return None  # a walk cannot help either
+            done = completes(self.inner, rest)
         finally:
             self.inner.rollback(1)
         if done:
             safe[token] = list(rest)
         return done
+
+    def _walk_after(self, token: int, room: int) -> list[int] | None:
+        """A completion after ``token`` within ``room`` (``find_witness``), or ``None``."""
+        if self._scratch is None:
+            import torch
+
+            self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
+        if self.inner.try_consume([token]) != 1:
+            return None
+        try:
+            return find_witness(self.inner, self.vocab, room, self._scratch)
+        finally:
+            self.inner.rollback(1)
 
     def _leads(self, witness: list[int]) -> set[int]:
         """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
