@@ -685,15 +685,19 @@ class ClosingMatcher(MatcherWrapper):
         one or the other, as its row was)."""
         return (int(token_classes(self.vocab)[0][token]), int(text_classes(self.vocab)[0][token]))
 
-    def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
-        """A completion from the current state within ``limit`` (``find_witness``), ending
-        early where one of ``joins`` completes."""
+    def _row(self) -> torch.Tensor:
+        """The host bitmask row walks fill (made at the first walk if none was given)."""
         if self._scratch is None:
             import torch
 
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
+        return self._scratch
+
+    def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
+        """A completion from the current state within ``limit`` (``find_witness``), ending
+        early where one of ``joins`` completes."""
         # Joins only end a walk early: the same walk without them finds nothing more.
-        found = find_witness(self.inner, self.vocab, limit, self._scratch, joins=joins)
+        found = find_witness(self.inner, self.vocab, limit, self._row(), joins=joins)
         literals = literal_tokens(self.vocab)
         # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.
         if found is None or any(literals[token] for token in found):
@@ -1020,14 +1024,10 @@ class ClosingMatcher(MatcherWrapper):
 
     def _walk_after(self, token: int, room: int) -> list[int] | None:
         """A completion after ``token`` within ``room`` (``find_witness``), or ``None``."""
-        if self._scratch is None:
-            import torch
-
-            self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
         if self.inner.try_consume([token]) != 1:
             return None
         try:
-            return find_witness(self.inner, self.vocab, room, self._scratch)
+            return find_witness(self.inner, self.vocab, room, self._row())
         finally:
             self.inner.rollback(1)
 
