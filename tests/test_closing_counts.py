@@ -352,12 +352,49 @@ def test_a_checks_walk_ends_on_the_witness_tail_after_the_value(vocab):
     (opener,) = ids(vocab, b'":{"')
     joins = stack._joins(witness)
     assert joins[:2] == [witness, witness[1:]] and len(joins) > 2
-    assert all(witness[-len(j) :] == j for j in joins)
+    pieces = vocab.token_bytes()
+    text = b"".join(pieces[t] for t in witness)
+    assert all(text.endswith(b"".join(pieces[t] for t in j)) for j in joins)
     walks, safe = Walks(), {}
     found = stack._check(opener, witness, stack.left, safe, walks)
     assert found is not None and stack.inner.completes([opener, *found])
     assert WALK_TOKENS - walks.left < len(found) // 2  # z ": 1 } and the tail's: not all
     assert safe[opener] == found
+
+
+NESTED_FREE_KEYS = {
+    "type": "object",
+    "properties": {
+        "inner": {"type": "object"},
+        "code": {"type": "string", "pattern": "^[a-f0-9]{24}$"},
+        "id": {"type": "integer"},
+    },
+    "required": ["inner", "code", "id"],
+    "additionalProperties": False,
+}
+
+
+def test_a_checks_walk_joins_the_witness_inside_its_tokens(vocab):
+    """Inside a free key of a nested object the witness closes it with one token, ``},"``.
+    A walk after ``":[{"`` closes the array with ``]}`` and goes on from inside that token:
+    the witness's text from its ``,`` (``,"code":...``, as the tokenizer writes it) is a
+    join too, so the walk takes a few masks, not the 29 of writing the rest itself (MaskBench
+    o81602 at 256 tokens cleared ``":-`` ``":[-`` ``":[{"`` when such walks ran a wide row's
+    budget out)."""
+    from constrained.grammars.closing_matcher import WALK_TOKENS
+    from tests.closing_walk import closing_stack
+
+    spec = GrammarSpec("json_schema", json.dumps(NESTED_FREE_KEYS), "llguidance")
+    stack = closing_stack(compile_now(spec, vocab), vocab, 120)
+    assert stack.consume(ids(vocab, b'{"', b"inner", b'":{"', b"key"))
+    witness = find_witness(stack.inner, vocab, 100)
+    pieces = vocab.token_bytes()
+    assert witness is not None and pieces[witness[1]] == b'},"'  # the boundary inside a token
+    for opener in ids(vocab, b'":[{"', b'":[', b'":-'):
+        walks, safe = Walks(), {}
+        found = stack._check(opener, witness, stack.left, safe, walks)
+        assert found is not None and stack.inner.completes([opener, *found])
+        assert WALK_TOKENS - walks.left <= 4, pieces[opener]
 
 
 def test_a_walks_find_serves_tokens_that_begin_the_same_way(vocab):

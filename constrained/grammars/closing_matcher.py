@@ -346,7 +346,7 @@ _WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
 
 BRIDGES = 256  # bridges a request keeps (``ClosingMatcher.bridges``)
 JOIN_TAILS = 12  # the witness's boundary tails a check's walk may end on (the shortest)
-_BOUNDARY = (b",", b"}", b"]")  # first bytes of a witness token that begins a tail to join
+_BOUNDARY = (b",", b"}", b"]")  # the witness's bytes that begin a tail to join
 
 
 def _masks_taken(found: list[int], joins: Sequence[list[int]]) -> int:
@@ -1059,13 +1059,28 @@ class ClosingMatcher(MatcherWrapper):
         """What a check's walk tries to end on at every state it reaches: the witness, its
         tail after its first token, and its tails from each member or item boundary (a
         token of the witness that begins with ``,`` ``}`` ``]``): after ``":-`` the walk
-        takes ``1`` and the rest of the object is the witness's own (one mask, not 70)."""
+        takes ``1`` and the rest of the object is the witness's own (one mask, not 70).
+        Such a byte inside a token (the ``,`` of ``},"`` or ``","``) starts a tail too, its
+        text as the tokenizer writes it: a walk that took ``]}`` goes on with ``,"`` and the
+        rest (the last ``JOIN_TAILS`` of each kind)."""
         kept = self._witness_joins
         if kept is not None and kept[0] is witness and kept[1] == len(witness):
             return kept[2]
         pieces = self.vocab.token_bytes()
-        tails = [k for k in range(2, len(witness)) if pieces[witness[k]][:1] in _BOUNDARY]
-        joins = [witness, witness[1:], *(witness[k:] for k in tails[-JOIN_TAILS:])]
+        heads = [k for k in range(2, len(witness)) if pieces[witness[k]][:1] in _BOUNDARY]
+        joins = [witness, witness[1:], *(witness[k:] for k in heads[-JOIN_TAILS:])]
+        inside = [  # boundaries inside a token: their tails as text
+            (k, at)
+            for k in range(1, len(witness))
+            for at, byte in enumerate(pieces[witness[k]][1:], 1)
+            if bytes((byte,)) in _BOUNDARY
+        ]
+        for k, at in inside[-JOIN_TAILS:]:
+            text = pieces[witness[k]][at:] + b"".join(pieces[t] for t in witness[k + 1 :])
+            try:
+                joins.append(self.vocab.encode(text.decode()))
+            except UnicodeDecodeError:
+                continue
         self._witness_joins = (witness, len(witness), joins)
         return joins
 
