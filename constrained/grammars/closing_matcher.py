@@ -1069,18 +1069,17 @@ class ClosingMatcher(MatcherWrapper):
         pieces = self.vocab.token_bytes()
         heads = [k for k in range(2, len(witness)) if pieces[witness[k]][:1] in _BOUNDARY]
         joins = [witness, witness[1:], *(witness[k:] for k in heads[-JOIN_TAILS:])]
-        inside = [  # boundaries inside a token: their tails as text
-            (k, at)
-            for k in range(1, len(witness))
-            for at, byte in enumerate(pieces[witness[k]][1:], 1)
-            if bytes((byte,)) in _BOUNDARY
+        text, bounds = self._text_of(witness)
+        first = len(pieces[witness[0]]) if witness else 0
+        inside = [  # boundaries inside a token (after the first): their tails as text
+            at
+            for at in range(first + 1, len(text))
+            if text[at : at + 1] in _BOUNDARY and at not in bounds
         ]
-        for k, at in inside[-JOIN_TAILS:]:
-            text = pieces[witness[k]][at:] + b"".join(pieces[t] for t in witness[k + 1 :])
-            try:
-                joins.append(self.vocab.encode(text.decode()))
-            except UnicodeDecodeError:
-                continue
+        for at in inside[-JOIN_TAILS:]:
+            spelt = self._spelt(text[at:])
+            if spelt is not None:
+                joins.append(spelt)
         self._witness_joins = (witness, len(witness), joins)
         return joins
 
@@ -1096,11 +1095,15 @@ class ClosingMatcher(MatcherWrapper):
             return None
         if len(piece) in bounds:
             return witness[bounds[len(piece)] :]
+        return self._spelt(rest[len(piece) :])
+
+    def _spelt(self, text: bytes) -> list[int] | None:
+        """``text`` as the tokenizer writes it; ``None`` where it does not decode (it
+        starts or ends inside a UTF-8 character)."""
         try:
-            remainder = rest[len(piece) :].decode()
+            return self.vocab.encode(text.decode())
         except UnicodeDecodeError:
             return None
-        return self.vocab.encode(remainder)
 
     def _check(
         self,
@@ -1202,11 +1205,9 @@ class ClosingMatcher(MatcherWrapper):
         piece = self.vocab.token_bytes()[token]
         for text in self.learnt_texts:
             if len(text) > len(piece) and text.startswith(piece):
-                try:
-                    rest = text[len(piece) :].decode()
-                except UnicodeDecodeError:
-                    continue
-                yield self.vocab.encode(rest)
+                rest = self._spelt(text[len(piece) :])
+                if rest is not None:
+                    yield rest
 
     def _found(
         self,
