@@ -412,3 +412,75 @@ def test_a_walks_find_serves_tokens_that_begin_the_same_way(vocab):
     assert stack._check(opener, witness, stack.left, {}, Walks()) is not None
     tried = list(stack._realigned(colon))
     assert tried and all(stack.inner.completes([colon, *rest]) for rest in tried)
+
+
+@pytest.mark.parametrize(
+    ("written", "why"),
+    [
+        ("ches", "writes the key's first bytes, ending inside a witness token"),
+        ("x\xe4", "ends inside a UTF-8 character of the value's text"),
+    ],
+)
+def test_the_witness_follows_an_off_witness_token_without_a_walk(vocab, monkeypatch, written, why):
+    """A token off the witness that still writes its text (``ches`` where the witness spells
+    ``chess``), or ends inside a character of a free string, leaves the witness known from
+    what is at hand: the rest of its text as the tokenizer writes it, or the bytes that
+    finish the character before it; no walk, and the witness completes."""
+    schema = {
+        "type": "object",
+        "properties": {"chess_club_details": {"type": "string"}},
+        "required": ["chess_club_details"],
+    }
+    compiled = grammar(vocab, schema)
+    pieces = vocab.token_bytes()
+    root = find_witness(compiled.matcher(), vocab, 64)
+    assert root is not None
+    stack = ClosingMatcher(compiled.matcher(), vocab, 64, [root])
+    opening = '{"' if written == "ches" else '{"chess_club_details":"'
+    stack.witness = stack._known_witness()  # the root, as a near row commits it
+    assert stack.consume(vocab.hf_tokenizer.encode(opening, add_special_tokens=False))
+    stack.witness = stack._known_witness()
+    assert stack.witness is not None
+    text = written.encode()
+    by_bytes = {piece: token for token, piece in enumerate(pieces) if piece}
+    if written == "ches":
+        taken = [by_bytes[text]]
+        assert b"".join(pieces[t] for t in stack.witness).startswith(text)
+        assert taken[0] not in stack.witness  # off the witness's own tokens
+    else:
+        taken = [by_bytes[b"x"], by_bytes[b"\xe4"]]
+    walked = []
+    monkeypatch.setattr(ClosingMatcher, "_walk", lambda self, *a: walked.append(a))
+    for token in taken:
+        assert stack.consume([token]), why
+    found = stack._known_witness()
+    assert found is not None and not walked, why
+    assert closing_module.completes(stack.inner, found)
+
+
+def test_a_near_row_of_the_witness_first_token_alone_is_not_sorted(vocab, monkeypatch):
+    """A near row that allows one token, the witness's next (a key's next piece), is the
+    witness's own check: nothing is sorted and the row is left as the grammar wrote it."""
+    schema = {
+        "type": "object",
+        "properties": {"chess_club_details": {"type": "string"}},
+        "required": ["chess_club_details"],
+    }
+    compiled = grammar(vocab, schema)
+    root = find_witness(compiled.matcher(), vocab, 64)
+    assert root is not None
+    pieces = vocab.token_bytes()
+    inside = next(k for k in range(1, len(root)) if not pieces[root[k]].startswith(b'"'))
+    stack = ClosingMatcher(compiled.matcher(), vocab, len(root) + 1, [root])  # no slack
+    assert stack.consume(root[:inside])  # inside the key: one token goes on
+    sorted_rows = []
+    sort = ClosingMatcher._sort_tokens
+    monkeypatch.setattr(
+        ClosingMatcher, "_sort_tokens", lambda self, *a: sorted_rows.append(a) or sort(self, *a)
+    )
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack.fill(bitmask, 0)
+    row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH)).tolist()
+    assert row == [root[inside]]
+    assert not sorted_rows
+    assert stack.safe == {root[inside]: root[inside + 1 :]}

@@ -16,22 +16,24 @@ and narrowed to exactly its safe tokens otherwise:
   date-time's digits), at least the grammar's rise (``root_rise``: an optional key whose
   value is longer than the whole root witness). Nothing is checked and nothing is
   cleared. The witness is followed for free while the output takes its tokens; otherwise
-  its bound rises by ``grow`` per token until it must be refreshed (the old witness still
-  completing is one ``try_consume``; else a walk).
+  its bound rises by ``grow`` per token until it must be refreshed (a known suffix still
+  completing: the old witness or its tails, the rest of its text after tokens that wrote
+  its first bytes, the bytes finishing a cut UTF-8 character before it; else a walk).
 - **Within reach** (``need + grow <= left - 2 < need + reach``): a narrow row (a key, a
   value's first token) loses the tokens after which a walk finds no completion in time
   (``_clear_risers``); a wide row (text) is left as it is.
-- **Near**: every allowed token is checked: ``t`` followed by a known suffix (the witness,
-  its tail, the witness's text after ``t``'s, nothing, then what earlier checks of this
-  request found after ``t``, after its class, or last: ``recent``, ``learnt``) completing in
-  time, else a walk from after ``t`` that ends where the witness completes (``WALK_TOKENS``
-  a row, ``NARROW_WALK_TOKENS`` in a narrow one, charged a walk's spelt length or, when it
-  finds nothing, its room: up to about twice that in masks, since a walk goes a character
-  at a time; none after a token whose known suffix completes but is too long, or after a
-  member of a class whose walk found nothing this row; a token left unchecked is cleared,
-  so a narrowed row never holds an unsafe token). A check is one ``completes`` of the
-  matcher (llguidance: about 2 us); a walk costs a mask per token, so a suffix found once
-  is tried again before walking.
+- **Near**: a row allowing only the witness's first token is the witness's own check
+  (``_only_the_witness``); otherwise every allowed token is checked: ``t`` followed by a
+  known suffix (the witness, its tail, the witness's text after ``t``'s, nothing, then what
+  earlier checks of this request found after ``t``, after its class, or last: ``recent``,
+  ``learnt``) completing in time, else a walk from after ``t`` that ends where the witness
+  completes (``WALK_TOKENS`` a row, ``NARROW_WALK_TOKENS`` in a narrow one, charged a walk's
+  spelt length or, when it finds nothing, its room: up to about twice that in masks, since
+  a walk goes a character at a time; none after a token whose known suffix completes but
+  is too long, or after a member of a class whose walk found nothing this row; a token
+  left unchecked is cleared, so a narrowed row never holds an unsafe token). A check is
+  one ``completes`` of the matcher (llguidance: about 2 us); a walk costs a mask per
+  token, so a suffix found once is tried again before walking.
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
   row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again
@@ -117,6 +119,8 @@ RECHECK_EVERY = 16  # tokens before walking again after a walk found no completi
 # string whose ``pattern`` the walk cannot meet, each time, for a row that is cut anyway)
 SHORTER_WITNESS_MAX = 16  # a witness this short or shorter is walked for a shorter one
 # once where it leaves no slack or one token of it
+FINISH_BASES = 3  # known suffixes tried after the bytes that finish a UTF-8 character
+# the output's last token cut, where the witness did not follow
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 FORCED_CHECKS = 512  # tokens a wide row of structure (an enum's values, not free text)
@@ -643,7 +647,19 @@ class ClosingMatcher(MatcherWrapper):
             tries += self.hints
         if witness is not None:  # and its tails: the new tokens may stand for its first ones
             tries += [witness[k:] for k in range(min(len(new), len(witness)) + 1)]
+            # ... or write its first bytes in other tokens (``{"ches`` against the witness
+            # ``{"`` ``chess``...): the rest of its text, as the tokenizer writes it
+            pieces = self.vocab.token_bytes()
+            aligned = self._aligned_text(b"".join(pieces[t] for t in new), witness)
+            if aligned is not None:
+                tries.append(aligned)
             self.need_bound = len(witness)
+        # A token that ends inside a UTF-8 character (text in a string): the bytes that
+        # finish it, then what completed before it (the witness, or the shortest few tried)
+        finish = list(token_finish(self.vocab, new[-1]))
+        if finish:
+            bases = [witness] if witness else [c for c in self.candidates if c][:FINISH_BASES]
+            tries += [[*finish, *base] for base in bases]
         self.need_bound += self.grow * len(new)
         self.candidates = sorted(tries, key=len)
         self.witness, self.shortest_tried = None, False
@@ -761,6 +777,13 @@ class ClosingMatcher(MatcherWrapper):
         if left - 2 >= len(witness) + self.grow:  # within reach, not near: risers only
             self._clear_risers(bitmask, row, words, witness, left, committed)
             return
+        only = self._only_the_witness(words, witness)
+        if only is not None:  # (half the near rows of structure in a mixed batch: keys)
+            if committed:
+                self.safe, self.by_class = only, {}
+            else:
+                self.drafts[tuple(self.ahead)] = (only, {})
+            return
         sort, key = None, None
         if committed:
             sort = self._sorted_again(self._last_sort, words, witness, left)
@@ -799,15 +822,12 @@ class ClosingMatcher(MatcherWrapper):
         allowed = int(np.bitwise_count(words).sum())
         if allowed > EXACT_MAX + 1:  # wide (end-of-sequence aside)
             return
-        eos, first = self.eos, witness[0] if witness else None
-        others = allowed - int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
-        alone = first is not None and words[first >> 5] >> np.uint32(first & 31) & 1
-        if others == 0 or (others == 1 and alone):
-            # the witness's first token alone (a key's next piece): nothing to clear, and
-            # its check is the witness's own (a fifth of the riser rows, for nothing)
+        only = self._only_the_witness(words, witness)
+        if only is not None:  # (a fifth of the riser rows, for nothing)
             if committed:
-                self.safe = {first: list(witness[1:])} if others else {}
+                self.safe = only
             return
+        eos = self.eos
         ids = row_ids(words)
         ids = ids[(ids != eos) & (ids < self.vocab.width)]
         if ids.size > EXACT_MAX:
@@ -824,6 +844,22 @@ class ClosingMatcher(MatcherWrapper):
         if risers and len(risers) < len(tokens):
             ids = np.asarray(risers, dtype=np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+
+    def _only_the_witness(
+        self, words: np.ndarray, witness: list[int]
+    ) -> dict[int, list[int]] | None:
+        """A row's checks where it allows only the witness's first token (a key's next
+        piece), or nothing but end-of-sequence: nothing to clear, and that token's check is
+        the witness's own. ``None`` for any other row."""
+        eos = self.eos
+        has_eos = int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
+        others = int(np.bitwise_count(words).sum()) - has_eos
+        if others == 0:
+            return {}
+        first = witness[0] if witness else None
+        if others == 1 and first is not None and words[first >> 5] >> np.uint32(first & 31) & 1:
+            return {first: list(witness[1:])}
+        return None
 
     def _keep_witness(
         self, words: np.ndarray, witness: list[int], before: np.ndarray, left: int
@@ -1087,7 +1123,10 @@ class ClosingMatcher(MatcherWrapper):
         """The witness's text after the token's, when the token writes the witness's first
         bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
         the token ends on one of their bounds, else as the tokenizer writes it."""
-        piece = self.vocab.token_bytes()[token]
+        return self._aligned_text(self.vocab.token_bytes()[token], witness)
+
+    def _aligned_text(self, piece: bytes, witness: list[int]) -> list[int] | None:
+        """``_aligned`` for the text ``piece`` (one token's, or a run of them)."""
         if not piece or not witness:
             return None
         rest, bounds = self._text_of(witness)
