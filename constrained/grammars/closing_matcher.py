@@ -46,11 +46,10 @@ and narrowed to exactly its safe tokens otherwise:
   checked per class of tokens with the same structure (runs of plain bytes collapsed:
   ``"abc`` and ``"xy`` are one class; in a free string's row, ``text_classes``, where
   ``a{b`` and ``,`` are text too): its shortest and longest member stand for it; a class
-  where either fails is checked token by token (``CLASS_CHECKS`` of them, none when both
-  ends found the known suffixes complete but too long: its members write the same text;
-  the rest are cleared; in a row of structure, not free text, every token cleared so is
-  checked again, up to ``FORCED_CHECKS``, by what the grammar forces after it: an enum
-  value's rest). A member taken on its class's word is not trusted as a witness: the next
+  where either fails is checked token by token (those writing the witness's first bytes,
+  then ``CLASS_CHECKS`` others; the rest are cleared; in a row of structure, not free
+  text, every token cleared so is checked again, up to ``FORCED_CHECKS``, by what the
+  grammar forces after it: an enum value's rest). A member taken on its class's word is not trusted as a witness: the next
   step checks it. With no room left after a token (``left == 2``) it must end the output
   itself: one check, no suffix, no walk. Before a walk, a token's bridge is tried (what a
   walk of this request took after it, or its class, before a witness completed, put before
