@@ -49,13 +49,14 @@ and narrowed to exactly its safe tokens otherwise:
   where either fails is checked token by token (those writing the witness's first bytes,
   then ``CLASS_CHECKS`` others; the rest are cleared; in a row of structure, not free
   text, every token cleared so is checked again, up to ``FORCED_CHECKS``, by what the
-  grammar forces after it: an enum value's rest). A member taken on its class's word is not trusted as a witness: the next
-  step checks it. With no room left after a token (``left == 2``) it must end the output
-  itself: one check, no suffix, no walk. Before a walk, a token's bridge is tried (what a
-  walk of this request took after it, or its class, before a witness completed, put before
-  this row's witness; for a token cut inside a UTF-8 character, the fewest tokens that
-  finish it). A wide row's token is walked from only where there is slack (``left - 2`` at
-  least the witness's length); a narrow row's, always (within ``NARROW_WALK_TOKENS``).
+  grammar forces after it: an enum value's rest). A member taken on its class's word is
+  not trusted as a witness: the next step checks it. With no room left after a token
+  (``left == 2``) it must end the output itself: one check, no suffix, no walk. Before a
+  walk, a token's bridge is tried (what a walk of this request took after it, or its
+  class, before a witness completed, put before this row's witness; for a token cut inside
+  a UTF-8 character, the fewest tokens that finish it). A wide row's token is walked from
+  only where there is slack (``left - 2`` at least the witness's length); a narrow row's,
+  always (within ``NARROW_WALK_TOKENS``).
 - **No slack** (``left - 2`` less than the witness's length), **or one token of it**
   (equal: a UTF-8 lead byte or a ``\\`` owes one token more): only tokens completing as
   shortly as the witness (or one token longer) stay, so the witness must be the shortest
