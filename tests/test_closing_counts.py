@@ -484,3 +484,71 @@ def test_a_near_row_of_the_witness_first_token_alone_is_not_sorted(vocab, monkey
     assert row == [root[inside]]
     assert not sorted_rows
     assert stack.safe == {root[inside]: root[inside + 1 :]}
+
+
+NOTE = {  # a free string with a member after it: the witness inside it takes a few tokens
+    "type": "object",
+    "properties": {"note": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["note", "n"],
+    "additionalProperties": False,
+}
+
+
+def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...] = ()):
+    """A stack inside ``NOTE``'s free string: its row sorted once, one plain token taken,
+    then the row sorted from scratch with no slack (the witness takes all the room but
+    end-of-sequence), the tokens that second row checks recorded. ``remembered``: tokens
+    given a suffix of their own first (``recent``, as a walk's find after them leaves).
+    The stack, the row, the tokens checked."""
+    from constrained.grammars.closing_matcher import forget_shared_sorts
+
+    forget_shared_sorts()
+    prefix = vocab.hf_tokenizer.encode('{"note":"x', add_special_tokens=False)
+    matcher = compiled.matcher()
+    assert matcher.consume(prefix)
+    inside = find_witness(matcher, vocab, 64)
+    rest = find_witness(compiled.matcher(), vocab, 64)
+    assert rest is not None and inside is not None
+    budget = len(prefix) + 1 + 2 + len(inside) - 1
+    stack = ClosingMatcher(compiled.matcher(), vocab, budget, [rest])
+    assert stack.consume(prefix)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack.fill(bitmask, 0)
+    assert stack.consume(ids(vocab, b"y"))
+    for token in remembered:
+        stack.recent[token] = list(stack._known_witness())
+    checked: list[int] = []
+    check = ClosingMatcher._check
+
+    def counted(self, token, witness, left, safe, walks, key=None):
+        checked.append(token)
+        return check(self, token, witness, left, safe, walks, key)
+
+    monkeypatch.setattr(ClosingMatcher, "_check", counted)
+    monkeypatch.setattr(ClosingMatcher, "_sorted_again", lambda self, *a: None)
+    stack.fill(bitmask, 0)
+    monkeypatch.undo()
+    assert stack.left - 2 == len(stack.witness) - 1
+    row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH)).tolist()
+    return stack, row, checked
+
+
+def test_a_free_text_class_whose_ends_fail_checks_no_other_member(vocab, monkeypatch):
+    """No slack inside a free string: a class whose shortest and longest members both fail
+    is cleared without checking the members between (they differ only in their plain run's
+    length; a string's ``minLength`` or ``maxLength`` orders them), except a member with a
+    suffix of its own (its ends do not try that); the witness's first token stays, and
+    the row keeps only what completes in time."""
+    compiled = grammar(vocab, NOTE)
+    stack, row, checked = _no_slack_text_row(vocab, compiled, monkeypatch)
+    classes = text_classes(vocab)[0]
+    hello = ids(vocab, b"hello")[0]
+    plain = int(classes[hello])  # the largest class: its ends fail
+    assert sum(1 for token in checked if classes[token] == plain) == 2
+    assert stack.witness[0] in row and len(row) < 16
+    for token in row:  # each with its own suffix or its class's
+        suffix = stack.safe.get(token, stack.by_class.get(int(classes[token])))
+        assert suffix is not None and 1 + len(suffix) + 1 <= stack.left  # and end-of-sequence
+        assert closing_module.completes(stack.inner, [token, *suffix])
+    _, again, checked = _no_slack_text_row(vocab, compiled, monkeypatch, remembered=(hello,))
+    assert hello in checked and again == row
