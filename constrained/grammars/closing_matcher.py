@@ -217,6 +217,14 @@ def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
     )
 
 
+def _prefix_tokens(vocab: Vocab, text: bytes, most: int) -> set[int]:
+    """The tokens whose bytes are ``text``'s first ``k`` bytes, ``1 <= k <= most``."""
+    by_bytes = _by_bytes(vocab)
+    found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), most) + 1)}
+    found.discard(None)
+    return found  # type: ignore[return-value]
+
+
 def _leading_continuations(piece: bytes) -> int:
     """UTF-8 continuation bytes (10xxxxxx) a piece starts with."""
     count = 0
@@ -1034,12 +1042,8 @@ class ClosingMatcher(MatcherWrapper):
         known = np.zeros(self.vocab.width, dtype=bool)
         known[list(self.recent)] = True
         known[[-1 - key for key in self.bridges if key < 0]] = True
-        by_bytes = _by_bytes(self.vocab)
-        for text in self.learnt_texts:
-            for end in range(1, min(len(text), 48)):
-                token = by_bytes.get(text[:end])
-                if token is not None:
-                    known[token] = True
+        for text in self.learnt_texts:  # (a strict prefix: ``_realigned``'s condition)
+            known[list(_prefix_tokens(self.vocab, text, min(len(text) - 1, 47)))] = True
         return known
 
     def _keep_forced(
@@ -1100,11 +1104,7 @@ class ClosingMatcher(MatcherWrapper):
         """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
         witness ``</`` ``parameter`` ``>``...)."""
         pieces = self.vocab.token_bytes()
-        by_bytes = _by_bytes(self.vocab)
-        text = b"".join(pieces[token] for token in witness[:8])
-        found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), 48) + 1)}
-        found.discard(None)
-        return found  # type: ignore[return-value]
+        return _prefix_tokens(self.vocab, b"".join(pieces[token] for token in witness[:8]), 48)
 
     def _text_of(self, witness: list[int]) -> tuple[bytes, dict[int, int]]:
         """The witness's text and its tokens' bounds in it (byte offset -> tokens before),
