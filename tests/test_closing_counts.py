@@ -255,6 +255,42 @@ def test_with_one_token_of_slack_a_shorter_witness_is_looked_for_too(vocab):
     assert lead in row and slash in row  # '\xc2' '\xa0' '"}', '\' '"' '"}': 3 + end
 
 
+@pytest.mark.parametrize("budget", [5, 6])
+def test_a_narrow_row_walks_for_no_shorter_witness(vocab, monkeypatch, budget):
+    """A narrow row (at most ``EXACT_MAX`` tokens: an enum's first tokens) with no slack, or
+    one token of it, walks after each of its tokens anyway: the walk for a shorter witness
+    is left to wide rows, where a token is walked from only where there is slack. The row
+    is the one a stack given the shortest witness writes: every value that fits stays, the
+    long one (``xy``...) is cleared."""
+    from tests.closing_walk import allowed, closing_stack
+
+    values = ["ab", "bb", "ccc", "done", "xylophones quietly humming zebras"]
+    schema = {"type": "object", "properties": {"k": {"enum": values}}, "required": ["k"],
+              "additionalProperties": False}  # fmt: skip
+    walks = []
+    real_walk = ClosingMatcher._walk
+
+    def counted(self, *args, **kwargs):
+        walks.append(args)
+        return real_walk(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    rows = []
+    for witness in ([b"a", b"b", b'"', b"}"], [b"ab", b'"}']):  # long, then shortest
+        compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
+        stack = closing_stack(compiled, vocab, budget + 3)
+        assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
+        stack.witness, stack.need_bound, stack.candidates = ids(vocab, *witness), len(witness), []
+        assert stack.inner.completes(stack.witness) and stack.left == budget
+        walks.clear()
+        bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+        row = allowed(stack, bitmask, 0, WIDTH)
+        rows.append(sorted(vocab.token_bytes()[token] for token in row))
+        assert walks and all(len(args) == 2 for args in walks)  # each a token's, with joins
+    assert rows[0] == rows[1]
+    assert b"done" in rows[0] and b"ccc" in rows[0] and b"xy" not in rows[0]
+
+
 def _inside_k_with_a_long_witness(vocab, budget: int):
     """A closing stack at ``budget`` inside ``{"k":"``, its witness set to ``"`` ``}`` (as
     one followed from far away would be), where ``"}`` completes in one token; and a

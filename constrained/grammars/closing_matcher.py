@@ -61,9 +61,10 @@ and narrowed to exactly its safe tokens otherwise:
 - **No slack** (``left - 2`` less than the witness's length), **or one token of it**
   (equal: a UTF-8 lead byte or a ``\\`` owes one token more): only tokens completing as
   shortly as the witness (or one token longer) stay, so the witness must be the shortest
-  known: one walk looks for a shorter one, once along a witness of at most
+  known: in a wide row, one walk looks for a shorter one, once along a witness of at most
   ``SHORTER_WITNESS_MAX`` tokens (one followed from far away need not be the shortest from
-  here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes).
+  here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes); a narrow row's sort walks
+  after each of its tokens anyway.
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -207,6 +208,12 @@ def in_free_text(vocab: Vocab, words: np.ndarray) -> bool:
     if (probe < 0).any():
         return False
     return bool(np.all(words[probe // 32] >> (probe % 32).astype(np.uint32) & 1))
+
+
+def _wide(words: np.ndarray) -> bool:
+    """Whether a row allows more than ``EXACT_MAX`` tokens (end-of-sequence aside): free
+    text, an enum's values; checked per class, not token by token."""
+    return int(np.bitwise_count(words).sum()) > EXACT_MAX + 1
 
 
 def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
@@ -765,13 +772,16 @@ class ClosingMatcher(MatcherWrapper):
             and not self.shortest_tried
             and (left - 2 <= len(witness) > 1)
             and len(witness) <= SHORTER_WITNESS_MAX
+            and _wide(bitmask[row].numpy().view(np.uint32))
         ):
             # No slack, or one token of it: only tokens completing as shortly as the
             # witness (or one token longer: ``\xc2`` owes a byte, ``\`` a ``"``) stay. A
             # witness followed from far away need not be the shortest from here (``":``
             # ``2`` ``}}`` where ``":""`` ``}}`` also completes): one walk, once along it. Not
             # for a long witness: a long walk each time, and an output at the least budget
-            # admission takes is safest on the one path it was admitted for.
+            # admission takes is safest on the one path it was admitted for. Not in a narrow
+            # row: its sort walks after each of its tokens anyway (a wide row's, only where
+            # there is slack).
             self.shortest_tried = True
             shorter = self._walk(len(witness) - 1)
             if shorter is not None and len(shorter) < len(witness):
@@ -828,8 +838,7 @@ class ClosingMatcher(MatcherWrapper):
         after which no completion fits (a known suffix too long, or a walk that finds none
         in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
         (text) is left as it is."""
-        allowed = int(np.bitwise_count(words).sum())
-        if allowed > EXACT_MAX + 1:  # wide (end-of-sequence aside)
+        if _wide(words):
             return
         only = self._only_the_witness(words, witness)
         if only is not None:  # (a fifth of the riser rows, for nothing)
