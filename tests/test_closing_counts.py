@@ -588,3 +588,27 @@ def test_a_free_text_class_whose_ends_fail_checks_no_other_member(vocab, monkeyp
         assert closing_module.completes(stack.inner, [token, *suffix])
     _, again, checked = _no_slack_text_row(vocab, compiled, monkeypatch, remembered=(hello,))
     assert hello in checked and again == row
+
+
+def test_requests_share_a_wide_rows_class_spans(vocab, monkeypatch):
+    """A wide row's tokens grouped by class depend on the row alone, not on the request:
+    two requests at the same free-string row (a batch's plain string fields) group it
+    once (``class_spans``: no pass over the vocabulary's class order for the second), and
+    the rows come out as a fresh grouping writes them."""
+    from constrained.grammars import closing_matcher
+
+    vocab._built.pop("closing_class_spans", None)
+    passes = []
+    order = closing_matcher.class_order
+    closing_matcher.class_order = lambda *args: passes.append(args) or order(*args)
+    try:
+        _, first, checked = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
+        grouped = len(passes)
+        _, second, again = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
+    finally:
+        closing_matcher.class_order = order
+    assert grouped >= 1 and len(passes) == grouped  # the second request: none of its own
+    assert second == first and again == checked
+    vocab._built.pop("closing_class_spans", None)
+    _, fresh, _ = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
+    assert fresh == first
