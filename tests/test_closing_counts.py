@@ -612,3 +612,26 @@ def test_requests_share_a_wide_rows_class_spans(vocab, monkeypatch):
     vocab._built.pop("closing_class_spans", None)
     _, fresh, _ = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
     assert fresh == first
+
+
+def test_a_text_spelt_again_is_not_tokenized_again(vocab, monkeypatch):
+    """Closing respells the same few texts over and over (a witness's rest after each token
+    that writes its first bytes): ``Vocab.encode`` keeps the last few thousand, so the
+    tokenizer sees each once; every call still gets a list of its own."""
+    vocab.encode("warm")  # the tokenizer's Rust core, resolved once
+    core = vocab._built["encode_core"]
+    assert core is not False  # Qwen's fast tokenizer
+    calls = []
+
+    class Counted:
+        def encode(self, text, add_special_tokens):
+            calls.append(text)
+            return core.encode(text, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setitem(vocab._built, "encode_core", Counted())
+    monkeypatch.setitem(vocab._built, "encoded", {})
+    text = '","b":0}'
+    first = vocab.encode(text)
+    first.append(-1)  # a caller's list is its own
+    assert vocab.encode(text) == vocab.hf_tokenizer.encode(text, add_special_tokens=False)
+    assert calls == [text]

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+ENCODED_TEXTS = 4096  # texts ``Vocab.encode`` keeps (closing respells the same few often)
+
 # GPT-2 style byte-level BPE stores byte b as a printable character; this undoes it.
 _BYTE_DECODER: dict[str, int] | None = None
 
@@ -65,11 +67,21 @@ class Vocab:
     def encode(self, text: str) -> list[int]:
         """``text``'s token ids as the tokenizer writes it (no special tokens added), through
         the fast tokenizer's Rust core where there is one: closing respells every walk it
-        keeps (33 us a call against 78 through ``transformers``' Python wrapper)."""
-        core = self._once("encode_core", lambda: _rust_core(self.hf_tokenizer) or False)
-        if core is False:
-            return list(self.hf_tokenizer.encode(text, add_special_tokens=False))
-        return core.encode(text, add_special_tokens=False).ids
+        keeps (33 us a call against 78 through ``transformers``' Python wrapper), and the
+        same few texts again and again (a witness's rest after each token that writes its
+        first bytes), so the last ``ENCODED_TEXTS`` are kept."""
+        known: dict[str, tuple[int, ...]] = self._once("encoded", dict)
+        ids = known.get(text)
+        if ids is None:
+            core = self._once("encode_core", lambda: _rust_core(self.hf_tokenizer) or False)
+            if core is False:
+                ids = tuple(self.hf_tokenizer.encode(text, add_special_tokens=False))
+            else:
+                ids = tuple(core.encode(text, add_special_tokens=False).ids)
+            if len(known) >= ENCODED_TEXTS:
+                known.clear()  # (a plain dict: the fill threads of engines in one process)
+            known[text] = ids
+        return list(ids)
 
     def token_bytes(self) -> list[bytes]:
         """Each id's raw bytes; ``b""`` for special tokens and ids past the tokenizer."""
