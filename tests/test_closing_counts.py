@@ -212,6 +212,19 @@ def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkey
     assert counts[:3] == [first, first + RECHECK_EVERY, first + 3 * RECHECK_EVERY]
 
 
+def _count_walks(monkeypatch) -> list[tuple]:
+    """The arguments of every ``ClosingMatcher._walk`` from here on (the test's)."""
+    walks: list[tuple] = []
+    real_walk = ClosingMatcher._walk
+
+    def counted(self, *args, **kwargs):
+        walks.append(args)
+        return real_walk(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    return walks
+
+
 def test_with_no_slack_a_shorter_witness_is_looked_for_once(vocab, monkeypatch):
     """Where the room left equals the witness's length (no slack), only tokens completing as
     shortly as the witness stay: a witness followed from far away that is longer than
@@ -222,14 +235,7 @@ def test_with_no_slack_a_shorter_witness_is_looked_for_once(vocab, monkeypatch):
     stack, bitmask = _inside_k_with_a_long_witness(vocab, 6)
     close, text = ids(vocab, b'"}', b"a")
     assert stack.left == 3
-    walks = []
-    real_walk = ClosingMatcher._walk
-
-    def counted(self, *args, **kwargs):
-        walks.append(args)
-        return real_walk(self, *args, **kwargs)
-
-    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    walks = _count_walks(monkeypatch)
     row = allowed(stack, bitmask, 0, WIDTH)
     assert stack.witness == [close] and walks[0] == (1,)
     assert text in row and close in row  # "a" then '"}' completes in the 3 tokens left
@@ -267,14 +273,7 @@ def test_a_narrow_row_walks_for_no_shorter_witness(vocab, monkeypatch, budget):
     values = ["ab", "bb", "ccc", "done", "xylophones quietly humming zebras"]
     schema = {"type": "object", "properties": {"k": {"enum": values}}, "required": ["k"],
               "additionalProperties": False}  # fmt: skip
-    walks = []
-    real_walk = ClosingMatcher._walk
-
-    def counted(self, *args, **kwargs):
-        walks.append(args)
-        return real_walk(self, *args, **kwargs)
-
-    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    walks = _count_walks(monkeypatch)
     rows = []
     for witness in ([b"a", b"b", b'"', b"}"], [b"ab", b'"}']):  # long, then shortest
         compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
