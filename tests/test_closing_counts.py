@@ -261,33 +261,70 @@ def test_with_one_token_of_slack_a_shorter_witness_is_looked_for_too(vocab):
     assert lead in row and slash in row  # '\xc2' '\xa0' '"}', '\' '"' '"}': 3 + end
 
 
-@pytest.mark.parametrize("budget", [5, 6])
-def test_a_narrow_row_walks_for_no_shorter_witness(vocab, monkeypatch, budget):
-    """A narrow row (at most ``EXACT_MAX`` tokens: an enum's first tokens) with no slack, or
-    one token of it, walks after each of its tokens anyway: the walk for a shorter witness
-    is left to wide rows, where a token is walked from only where there is slack. The row
-    is the one a stack given the shortest witness writes: every value that fits stays, the
-    long one (``xy``...) is cleared."""
+def _narrow_rows(vocab, monkeypatch, schema, prefix, witnesses, left):
+    """For each witness (bytes of its tokens, as one followed from far away would be): a
+    fresh closing stack after ``prefix`` with ``left`` tokens left and that witness, its
+    row's allowed pieces, the walks it took, and its witness after the row."""
     from tests.closing_walk import allowed, closing_stack
 
-    values = ["ab", "bb", "ccc", "done", "xylophones quietly humming zebras"]
-    schema = {"type": "object", "properties": {"k": {"enum": values}}, "required": ["k"],
-              "additionalProperties": False}  # fmt: skip
     walks = _count_walks(monkeypatch)
-    rows = []
-    for witness in ([b"a", b"b", b'"', b"}"], [b"ab", b'"}']):  # long, then shortest
-        compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
-        stack = closing_stack(compiled, vocab, budget + 3)
-        assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
+    compiled = compile_now(GrammarSpec("json_schema", json.dumps(schema), "llguidance"), vocab)
+    out = []
+    for witness in witnesses:
+        stack = closing_stack(compiled, vocab, len(prefix) + left)
+        assert stack.consume(prefix)
         stack.witness, stack.need_bound, stack.candidates = ids(vocab, *witness), len(witness), []
-        assert stack.inner.completes(stack.witness) and stack.left == budget
+        assert stack.inner.completes(stack.witness) and stack.left == left
         walks.clear()
         bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
         row = allowed(stack, bitmask, 0, WIDTH)
-        rows.append(sorted(vocab.token_bytes()[token] for token in row))
-        assert walks and all(len(args) == 2 for args in walks)  # each a token's, with joins
-    assert rows[0] == rows[1]
-    assert b"done" in rows[0] and b"ccc" in rows[0] and b"xy" not in rows[0]
+        pieces = sorted(vocab.token_bytes()[token] for token in row)
+        out.append((pieces, list(walks), [vocab.token_bytes()[t] for t in stack.witness]))
+    return out
+
+
+ENUM = {"type": "object", "required": ["k"], "additionalProperties": False,
+        "properties": {"k": {"enum": ["ab", "bb", "ccc", "done"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("left", [5, 6])
+def test_a_narrow_row_walks_for_a_shorter_witness_only_if_its_sort_clears(vocab, monkeypatch, left):
+    """A narrow row (at most ``EXACT_MAX`` tokens: an enum's first tokens) with no slack, or
+    one token of it, walks after each of its tokens in its sort: the walk for a shorter
+    witness waits for a token the sort clears. Every value fits here, so none is walked
+    for (each walk is a token's, with joins), and the row is the one a stack given the
+    shortest witness writes. With a value too long to fit, the walk runs once."""
+    prefix = ids(vocab, b'{"', b"k", b'":"')
+    long, short = [b"a", b"b", b'"', b"}"], [b"ab", b'"}']
+    (row, walks, _), (shortest, _, _) = _narrow_rows(
+        vocab, monkeypatch, ENUM, prefix, [long, short], left
+    )
+    assert walks and all(len(args) == 2 for args in walks)
+    assert row == shortest and {b"ab", b"bb", b"ccc", b"done"} <= set(row)
+    values = [*ENUM["properties"]["k"]["enum"], "xylophones quietly humming zebras"]
+    longer = {**ENUM, "properties": {"k": {"enum": values}}}
+    (row, walks, witness), (shortest, _, _) = _narrow_rows(
+        vocab, monkeypatch, longer, prefix, [long, short], left
+    )
+    assert [args for args in walks if len(args) == 1] == [(len(long) - 1,)]
+    assert row == shortest and b"done" in row and witness == short
+
+
+def test_a_narrow_row_keeps_what_a_shorter_witness_keeps(vocab, monkeypatch):
+    """Found in review: inside a key, a witness followed from far away (``":`` ``2`` ``}}``)
+    where ``":""`` ``}}`` also completes. With no slack, ``"``'s known suffix, the witness's
+    text after it (``:`` ``2`` ``}}``), completes but is too long, so its check ends without
+    a walk and the sort clears it; the walk for a shorter witness then runs, and the row
+    is sorted again from ``":""`` ``}}``: ``"`` stays, as that stack's row keeps it."""
+    schema = {"type": "object", "required": ["a"], "additionalProperties": False,
+              "properties": {"a": {"type": "object", "properties": {"k": {}}, "required": ["k"],
+                                   "additionalProperties": False}}}  # fmt: skip
+    prefix = vocab.hf_tokenizer.encode('{"a":{"k', add_special_tokens=False)
+    far, short = [b'":', b"2", b"}}"], [b'":""', b"}}"]
+    (row, _, witness), (shortest, _, _) = _narrow_rows(
+        vocab, monkeypatch, schema, prefix, [far, short], len(far) + 1
+    )
+    assert b'"' in row and row == shortest and witness == short
 
 
 def _inside_k_with_a_long_witness(vocab, budget: int):
@@ -623,6 +660,8 @@ def test_a_text_spelt_again_is_not_tokenized_again(vocab, monkeypatch):
     calls = []
 
     class Counted:
+        truncation = padding = None  # as the core's: none set
+
         def encode(self, text, add_special_tokens):
             calls.append(text)
             return core.encode(text, add_special_tokens=add_special_tokens)
@@ -634,3 +673,20 @@ def test_a_text_spelt_again_is_not_tokenized_again(vocab, monkeypatch):
     first.append(-1)  # a caller's list is its own
     assert vocab.encode(text) == vocab.hf_tokenizer.encode(text, add_special_tokens=False)
     assert calls == [text]
+
+
+def test_a_tokenizer_left_truncating_still_spells_in_full(vocab):
+    """A frontend sharing the tokenizer may leave truncation set on its Rust core (a
+    ``transformers`` call with ``truncation=True`` does): closing's texts are spelt in full
+    all the same, and such a spelling is never the one kept."""
+    vocab.encode("warm")
+    core = vocab._built["encode_core"]
+    text = "a text of several tokens, longer than two"
+    vocab._built["encoded"].pop(text, None)
+    core.enable_truncation(max_length=2)
+    try:
+        spelt = vocab.encode(text)
+    finally:
+        core.no_truncation()
+    assert len(spelt) > 2 and spelt == vocab.hf_tokenizer.encode(text, add_special_tokens=False)
+    assert vocab.encode(text) == spelt

@@ -62,10 +62,11 @@ and narrowed to exactly its safe tokens otherwise:
 - **No slack** (``left - 2`` less than the witness's length), **or one token of it**
   (equal: a UTF-8 lead byte or a ``\\`` owes one token more): only tokens completing as
   shortly as the witness (or one token longer) stay, so the witness must be the shortest
-  known: in a wide row, one walk looks for a shorter one, once along a witness of at most
+  known: one walk looks for a shorter one, once along a witness of at most
   ``SHORTER_WITNESS_MAX`` tokens (one followed from far away need not be the shortest from
-  here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes); a narrow row's sort walks
-  after each of its tokens anyway.
+  here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes); in a narrow row, whose sort
+  walks after its tokens, only once the sort clears a token (then the row is sorted again
+  from the shorter witness, if one is found).
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
@@ -240,10 +241,11 @@ def in_free_text(vocab: Vocab, words: np.ndarray) -> bool:
     return bool(np.all(words[probe // 32] >> (probe % 32).astype(np.uint32) & 1))
 
 
-def _wide(words: np.ndarray) -> bool:
-    """Whether a row allows more than ``EXACT_MAX`` tokens (end-of-sequence aside): free
-    text, an enum's values; checked per class, not token by token."""
-    return int(np.bitwise_count(words).sum()) > EXACT_MAX + 1
+def _wide(words: np.ndarray, eos: int) -> bool:
+    """Whether a row allows more than ``EXACT_MAX`` tokens besides end-of-sequence (free
+    text, an enum's values): checked per class, not token by token (``_sort_tokens``)."""
+    has_eos = int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
+    return int(np.bitwise_count(words).sum()) - has_eos > EXACT_MAX
 
 
 def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
@@ -796,27 +798,30 @@ class ClosingMatcher(MatcherWrapper):
             if committed:
                 self.witness, self.need_bound = witness, len(witness)
                 self.shortest_tried = True
-        elif (
+        shorter_after_sort = False  # a narrow row's walk for a shorter witness: after its sort
+        if (
             witness is not None
             and committed
             and not self.shortest_tried
             and (left - 2 <= len(witness) > 1)
             and len(witness) <= SHORTER_WITNESS_MAX
-            and _wide(bitmask[row].numpy().view(np.uint32))
         ):
             # No slack, or one token of it: only tokens completing as shortly as the
             # witness (or one token longer: ``\xc2`` owes a byte, ``\`` a ``"``) stay. A
             # witness followed from far away need not be the shortest from here (``":``
             # ``2`` ``}}`` where ``":""`` ``}}`` also completes): one walk, once along it. Not
             # for a long witness: a long walk each time, and an output at the least budget
-            # admission takes is safest on the one path it was admitted for. Not in a narrow
-            # row: its sort walks after each of its tokens anyway (a wide row's, only where
-            # there is slack).
-            self.shortest_tried = True
-            shorter = self._walk(len(witness) - 1)
-            if shorter is not None and len(shorter) < len(witness):
-                witness = self.witness = shorter
-                self.need_bound = len(witness)
+            # admission takes is safest on the one path it was admitted for. A narrow row
+            # walks after its tokens in its sort, so its walk waits for a token the sort
+            # clears (one whose known suffix, the witness's text, completes but is too long).
+            if _wide(bitmask[row].numpy().view(np.uint32), self.eos):
+                self.shortest_tried = True
+                shorter = self._walk(len(witness) - 1)
+                if shorter is not None and len(shorter) < len(witness):
+                    witness = self.witness = shorter
+                    self.need_bound = len(witness)
+            else:
+                shorter_after_sort = True
         if witness is None or len(witness) + 1 > left:
             self._warn(left, None if witness is None else len(witness) + 1)
             return  # no completion found in reach: the grammar's row, and a cut
@@ -842,6 +847,12 @@ class ClosingMatcher(MatcherWrapper):
         if sort is None:
             sort = new_sort(words.copy() if committed else words, witness, left,
                             *self._sort_tokens(bitmask, row, witness, left))  # fmt: skip
+            if shorter_after_sort and sort.unsafe:
+                self.shortest_tried = True
+                shorter = self._walk(len(witness) - 1)
+                if shorter is not None and len(shorter) < len(witness):
+                    self.witness, self.need_bound = shorter, len(shorter)
+                    return self._narrow_own(bitmask, row)  # the row again, from there
         safe, by_class, unsafe = sort.safe, sort.by_class, sort.unsafe
         if committed:
             self.safe, self.by_class, self.narrowed = safe, by_class, bool(unsafe)
@@ -868,7 +879,7 @@ class ClosingMatcher(MatcherWrapper):
         after which no completion fits (a known suffix too long, or a walk that finds none
         in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
         (text) is left as it is."""
-        if _wide(words):
+        if _wide(words, self.eos):
             return
         only = self._only_the_witness(words, witness)
         if only is not None:  # (a fifth of the riser rows, for nothing)

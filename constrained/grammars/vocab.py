@@ -74,7 +74,9 @@ class Vocab:
         ids = known.get(text)
         if ids is None:
             core = self._once("encode_core", lambda: _rust_core(self.hf_tokenizer) or False)
-            if core is False:
+            # The core keeps the truncation or padding a ``transformers`` call last set on
+            # it (a frontend sharing the tokenizer): then the wrapper, which resets them.
+            if core is False or core.truncation is not None or core.padding is not None:
                 ids = tuple(self.hf_tokenizer.encode(text, add_special_tokens=False))
             else:
                 ids = tuple(core.encode(text, add_special_tokens=False).ids)
