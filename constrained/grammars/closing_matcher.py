@@ -241,11 +241,17 @@ def in_free_text(vocab: Vocab, words: np.ndarray) -> bool:
     return bool(np.all(words[probe // 32] >> (probe % 32).astype(np.uint32) & 1))
 
 
+def _others(words: np.ndarray, eos: int) -> int:
+    """How many tokens a row (its uint32 words) allows besides end-of-sequence (which the
+    layers below allow only where the output is complete: never a token to check)."""
+    has_eos = int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
+    return int(np.bitwise_count(words).sum()) - has_eos
+
+
 def _wide(words: np.ndarray, eos: int) -> bool:
     """Whether a row allows more than ``EXACT_MAX`` tokens besides end-of-sequence (free
     text, an enum's values): checked per class, not token by token (``_sort_tokens``)."""
-    has_eos = int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
-    return int(np.bitwise_count(words).sum()) - has_eos > EXACT_MAX
+    return _others(words, eos) > EXACT_MAX
 
 
 def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
@@ -626,6 +632,7 @@ class ClosingMatcher(MatcherWrapper):
         self._witness_text: tuple | None = None  # ``_text_of``'s last answer
         self._witness_joins: tuple | None = None  # ``_joins``'s last answer
         self.shortest_tried = False  # a walk for a shorter witness ran along this one
+        self.no_shorter: tuple | None = None  # ... and found none, at this free-text state
 
     # -- the budget -----------------------------------------------------------------------
 
@@ -814,12 +821,26 @@ class ClosingMatcher(MatcherWrapper):
             # admission takes is safest on the one path it was admitted for. A narrow row
             # walks after its tokens in its sort, so its walk waits for a token the sort
             # clears (one whose known suffix, the witness's text, completes but is too long).
-            if _wide(bitmask[row].numpy().view(np.uint32), self.eos):
+            words = bitmask[row].numpy().view(np.uint32)
+            if _wide(words, self.eos):
                 self.shortest_tried = True
-                shorter = self._walk(len(witness) - 1)
+                # Inside free text, equal rows and witnesses stand for equal states (as in
+                # ``_sorted_again``): a walk that found no shorter one is not run again.
+                text = (
+                    (tuple(witness), hash(words.tobytes()))
+                    if in_free_text(self.vocab, words)
+                    else None
+                )
+                shorter = (
+                    self._walk(len(witness) - 1)
+                    if text is None or text != self.no_shorter
+                    else None
+                )
                 if shorter is not None and len(shorter) < len(witness):
                     witness = self.witness = shorter
                     self.need_bound = len(witness)
+                else:
+                    self.no_shorter = text
             else:
                 shorter_after_sort = True
         if witness is None or len(witness) + 1 > left:
@@ -910,9 +931,7 @@ class ClosingMatcher(MatcherWrapper):
         """A row's checks where it allows only the witness's first token (a key's next
         piece), or nothing but end-of-sequence: nothing to clear, and that token's check is
         the witness's own. ``None`` for any other row."""
-        eos = self.eos
-        has_eos = int(words[eos >> 5] >> np.uint32(eos & 31) & 1)
-        others = int(np.bitwise_count(words).sum()) - has_eos
+        others = _others(words, self.eos)
         if others == 0:
             return {}
         first = witness[0] if witness else None
