@@ -19,7 +19,9 @@ from constrained.grammars.closing_matcher import (
     ClosingMatcher,
     Walks,
     _open_bytes,
+    hex_finish,
     in_free_text,
+    owed_hex_digits,
     text_classes,
     token_classes,
     token_finish,
@@ -140,6 +142,22 @@ def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
     a, slash, escaped, quote = ids(vocab, b"a", b"\\", b"\\\\", b'"')
     assert token_finish(vocab, a) == () and token_finish(vocab, escaped) == ()
     assert token_finish(vocab, slash) == (quote,)  # an escape opened: \"
+
+
+@pytest.mark.parametrize(
+    ("text", "owed"),
+    [(b"#\\uD", 3), (b"\\u", 4), (b"x\\u12a", 1), (b"\\\\uD", 0), (b"\\\\\\u1", 3),
+     (b"\\uDACE", 0), (b"plain", 0)],
+)  # fmt: skip
+def test_an_escape_split_across_tokens_owes_its_hex_digits(vocab, text, owed):
+    """A ``\\u`` escape can span tokens (``#\\`` then ``uD``), so no one token's finish
+    (``token_finish``) knows the digits it owes: the output's last bytes do (a backslash
+    escaped by another opens nothing). The fewest tokens writing them come first."""
+    assert owed_hex_digits(text) == owed
+    finish = hex_finish(vocab, owed)
+    written = b"".join(vocab.token_bytes()[t] for t in finish)
+    assert len(written) == owed and all(chr(b) in "0123456789abcdefABCDEF" for b in written)
+    assert len(finish) == (owed > 0)  # Qwen writes up to four hex digits in one token
 
 
 def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch):

@@ -85,6 +85,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -468,6 +469,40 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
     return vocab._once("closing_token_finish", build).get(token, ())
 
 
+_OPEN_ESCAPE = re.compile(rb"(?:^|[^\\])(?:\\\\)*\\u([0-9A-Fa-f]{0,3})$")
+
+
+def owed_hex_digits(text: bytes) -> int:
+    """Hex digits still owed by a JSON ``\\u`` escape ``text`` ends inside (0 if none):
+    ``#\\uD`` owes 3. A heuristic on the last bytes (the backslash counted as escaping
+    when an even run of them precedes it): what it proposes, the matcher checks."""
+    found = _OPEN_ESCAPE.search(text)
+    return 4 - len(found.group(1)) if found else 0
+
+
+def hex_finish(vocab: Vocab, owed: int) -> tuple[int, ...]:
+    """The fewest tokens that write ``owed`` hex digits (``ace`` for 3), the longest
+    first; none if the vocabulary has no such tokens."""
+
+    def build() -> dict[int, int]:
+        digits = set(b"0123456789abcdefABCDEF")
+        by_size: dict[int, int] = {}
+        for token, piece in enumerate(vocab.token_bytes()):
+            if 0 < len(piece) <= 4 and all(b in digits for b in piece):
+                by_size.setdefault(len(piece), token)
+        return by_size
+
+    by_size = vocab._once("closing_hex_tokens", build)
+    out: list[int] = []
+    while owed > 0:
+        size = max((n for n in by_size if n <= owed), default=0)
+        if not size:
+            return ()
+        out.append(by_size[size])
+        owed -= size
+    return tuple(out)
+
+
 def _decodes(text: bytes) -> bool:
     try:
         text.decode()
@@ -586,6 +621,7 @@ class ClosingMatcher(MatcherWrapper):
         self.limit = limit  # max_tokens: output tokens, end-of-sequence included
         self.spent = 0  # output tokens before this stack's first (a thinking block)
         self.count = 0  # tokens consumed through this layer (look-aheads included)
+        self.tokens: list[int] = []  # ... themselves (an escape's ``\\u`` spans tokens)
         # One token can open a structure as large as what the output needs from its start
         # (the root witness, the longest hint): checking begins that far from the budget.
         self.grow = max(GROW, max((len(h) for h in hints), default=0))
@@ -647,6 +683,7 @@ class ClosingMatcher(MatcherWrapper):
         tokens = list(tokens)
         ok = self.inner.consume(tokens)
         self.count += len(tokens)
+        self.tokens += tokens
         self.ahead = []
         self._follow(tokens)
         return ok and self.error is None
@@ -655,6 +692,7 @@ class ClosingMatcher(MatcherWrapper):
         taken = self.inner.try_consume(tokens) if self.error is None else 0
         self.count += taken
         self.ahead.extend(list(tokens)[:taken])
+        self.tokens.extend(list(tokens)[:taken])
         return taken
 
     def rollback(self, num_tokens: int) -> None:
@@ -662,6 +700,7 @@ class ClosingMatcher(MatcherWrapper):
             return
         self.inner.rollback(num_tokens)
         self.count -= num_tokens
+        del self.tokens[max(len(self.tokens) - num_tokens, 0) :]
         if num_tokens <= len(self.ahead):
             del self.ahead[len(self.ahead) - num_tokens :]
         else:  # committed tokens undone: what was known of the state is gone
@@ -715,9 +754,29 @@ class ClosingMatcher(MatcherWrapper):
         if finish:
             bases = [witness] if witness else [c for c in self.candidates if c][:FINISH_BASES]
             tries += [[*finish, *base] for base in bases]
+        # ... or inside a ``\u`` escape (``#\`` ``uD``): its hex digits, then what completed
+        # after a token of its class (one that finished the escape at once: ``n``) or after
+        # the witness's first token (``n`` ``":""``...)
+        escape = self._escape_finish() if not finish else ()
+        if escape:
+            bases = [
+                *found,
+                *([witness, witness[1:]] if witness else self.candidates[:FINISH_BASES]),
+            ]
+            tries += [[*escape, *base] for base in bases]
         self.need_bound += self.grow * len(new)
         self.candidates = sorted(tries, key=len)
         self.witness, self.shortest_tried = None, False
+
+    def _escape_finish(self) -> tuple[int, ...]:
+        """The hex digits a ``\\u`` escape the output ends inside still owes (``ace``
+        after ``#\\`` ``uD``: no one token's finish, ``token_finish``), as the fewest tokens
+        that write them; none where the output does not end inside one."""
+        pieces = self.vocab.token_bytes()
+        tail = b"".join(pieces[t] for t in self.tokens[-8:])[-16:]
+        if b"\\u" not in tail:
+            return ()
+        return hex_finish(self.vocab, owed_hex_digits(tail))
 
     def suffixes(self) -> list[list[int]]:
         """Every completion this layer knows of (and each one's tails: drafts may have taken
