@@ -18,7 +18,8 @@ and narrowed to exactly its safe tokens otherwise:
   cleared. The witness is followed for free while the output takes its tokens; otherwise
   its bound rises by ``grow`` per token until it must be refreshed (a known suffix still
   completing: the old witness or its tails, the rest of its text after tokens that wrote
-  its first bytes, the bytes finishing a cut UTF-8 character before it; else a walk).
+  its first bytes, the bytes finishing a cut UTF-8 character before it, the hex digits
+  a ``\\u`` escape spanning tokens owes; else a walk).
 - **Within reach** (``need + grow <= left - 2 < need + reach``): a narrow row (a key, a
   value's first token) loses the tokens after which a walk finds no completion in time
   (``_clear_risers``); a wide row (text) is left as it is.
@@ -66,7 +67,8 @@ and narrowed to exactly its safe tokens otherwise:
   ``SHORTER_WITNESS_MAX`` tokens (one followed from far away need not be the shortest from
   here: ``":`` ``2`` ``}}`` where ``":""`` ``}}`` also completes); in a narrow row, whose sort
   walks after its tokens, only once the sort clears a token (then the row is sorted again
-  from the shorter witness, if one is found).
+  from the shorter witness, if one is found); inside free text, not again at an equal row
+  and witness where it found none.
 
 So a budget that every path fits (``max_tokens`` at least the longest completion plus one)
 never narrows a row, and from the first narrowed step on every allowed token keeps a
