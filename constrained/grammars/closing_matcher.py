@@ -622,8 +622,9 @@ class ClosingMatcher(MatcherWrapper):
         self.eos = vocab.eos_token_id
         self.limit = limit  # max_tokens: output tokens, end-of-sequence included
         self.spent = 0  # output tokens before this stack's first (a thinking block)
-        self.count = 0  # tokens consumed through this layer (look-aheads included)
-        self.tokens: list[int] = []  # ... themselves (an escape's ``\\u`` spans tokens)
+        # Tokens consumed through this layer, look-aheads included (an escape's ``\\u``
+        # spans tokens: ``_escape_finish``); ``count`` is how many.
+        self.tokens: list[int] = []
         # One token can open a structure as large as what the output needs from its start
         # (the root witness, the longest hint): checking begins that far from the budget.
         self.grow = max(GROW, max((len(h) for h in hints), default=0))
@@ -675,6 +676,11 @@ class ClosingMatcher(MatcherWrapper):
     # -- the budget -----------------------------------------------------------------------
 
     @property
+    def count(self) -> int:
+        """Tokens consumed through this layer (look-aheads included)."""
+        return len(self.tokens)
+
+    @property
     def left(self) -> int:
         """Tokens the request may still emit here, end-of-sequence included."""
         return self.limit - self.spent - self.count
@@ -684,7 +690,6 @@ class ClosingMatcher(MatcherWrapper):
     def consume(self, tokens: Sequence[int]) -> bool:
         tokens = list(tokens)
         ok = self.inner.consume(tokens)
-        self.count += len(tokens)
         self.tokens += tokens
         self.ahead = []
         self._follow(tokens)
@@ -692,16 +697,15 @@ class ClosingMatcher(MatcherWrapper):
 
     def try_consume(self, tokens: Sequence[int]) -> int:
         taken = self.inner.try_consume(tokens) if self.error is None else 0
-        self.count += taken
-        self.ahead.extend(list(tokens)[:taken])
-        self.tokens.extend(list(tokens)[:taken])
+        taken_tokens = list(tokens)[:taken]
+        self.ahead += taken_tokens
+        self.tokens += taken_tokens
         return taken
 
     def rollback(self, num_tokens: int) -> None:
         if not num_tokens:
             return
         self.inner.rollback(num_tokens)
-        self.count -= num_tokens
         del self.tokens[max(len(self.tokens) - num_tokens, 0) :]
         if num_tokens <= len(self.ahead):
             del self.ahead[len(self.ahead) - num_tokens :]
