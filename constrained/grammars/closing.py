@@ -149,13 +149,12 @@ def _walk(
 ) -> list[int] | None:
     """``find_witness``'s walk, at most ``limit`` tokens as the walk takes them."""
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
-    quote = int(orders[0].argmin())  # '"', the closer ranked first
+    quote = vocab._once("closing_quote", lambda: int(orders[0].argmin()))  # '"': first
     closers = closing_sequences(vocab)
-    used = np.zeros(vocab.width, dtype=np.int32)
-    if plain_text:  # a regex or grammar, not JSON: JSON's literals are no shortcut there
-        used[orders[0] == _LITERAL] = _LITERAL_COST
+    used = _start_costs(vocab, plain_text).copy()
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+    words = scratch[0].numpy().view(np.uint32)  # the row each step's mask is written to
     path: list[int] = []
     joins = sorted((list(j) for j in joins if j), key=len)
     misses = 0  # lookaheads in a row that found no token the string closes after
@@ -177,7 +176,6 @@ def _walk(
                 if taken:
                     continue
             matcher.fill(scratch, 0)
-            words = scratch[0].numpy().view(np.uint32)
             few = _few_allowed(words, vocab.width)
             if few is not None:  # structure (keys, punctuation): the few allowed tokens only
                 costs = orders[0][few] + used[few]
@@ -232,6 +230,19 @@ def _walk(
         return path
     finally:
         matcher.rollback(len(path))
+
+
+def _start_costs(vocab: Vocab, plain_text: bool) -> np.ndarray:
+    """A walk's starting cost of each token, before it uses any: none, or in a regex or
+    grammar (``plain_text``, not JSON) JSON's literals', which are no shortcut there."""
+
+    def build() -> np.ndarray:
+        used = np.zeros(vocab.width, dtype=np.int32)
+        if plain_text:
+            used[token_ranks(vocab, True) == _LITERAL] = _LITERAL_COST
+        return used
+
+    return vocab._once(f"closing_start_costs_{plain_text}", build)
 
 
 def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[int]:

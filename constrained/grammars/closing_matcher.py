@@ -350,9 +350,19 @@ class Cleared:
         return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
 
 
+_PACK_FROM = 1024  # ids from which ``_set_bits`` packs booleans rather than ``.at``
+
+
 def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Set the bits of token ``ids`` (int64) in a row's uint32 ``words``; returns them."""
-    np.bitwise_or.at(words, ids // 32, np.uint32(1) << (ids % 32).astype(np.uint32))
+    """Set the bits of token ``ids`` (int64) in a row's uint32 ``words``; returns them.
+    Many ids (a wide row's cleared vocabulary) are packed from booleans: ``bitwise_or.at``
+    over 140k ids took 3.5 ms, the packing 0.2."""
+    if ids.size <= _PACK_FROM:
+        np.bitwise_or.at(words, ids // 32, np.uint32(1) << (ids % 32).astype(np.uint32))
+        return words
+    flags = np.zeros(words.size * 32, dtype=bool)
+    flags[ids] = True
+    words |= np.packbits(flags, bitorder="little").view(np.uint32)
     return words
 
 
