@@ -56,11 +56,11 @@ class Rows:
 
 def closing_stack(compiled: Any, vocab: Any, limit: int) -> Any:
     """A row's stack with closing on at ``max_tokens = limit``, as ``stack.build_stack``
-    builds it for a request that does not think first (``closing_layer``: the compiled
-    grammar's matcher, its array checks included, under ``ClosingMatcher``)."""
+    builds it for a JSON-schema request that does not think first (``closing_layer``: the
+    compiled grammar's matcher, its array checks included, under ``ClosingMatcher``)."""
     from constrained.grammars.closing_matcher import closing_layer
 
-    return closing_layer(compiled, vocab, limit)
+    return closing_layer(compiled, vocab, limit, json=True)
 
 
 def allowed(matcher: Any, bitmask: Any, row: int, width: int) -> Any:

@@ -118,6 +118,58 @@ def test_a_walk_that_finds_nothing_looks_ahead_a_few_times(vocab, monkeypatch):
     assert b"".join(vocab.token_bytes()[t] for t in found).startswith(b'q"')
 
 
+@pytest.mark.parametrize("count", [0, 5, 1024, 1025, 5000, 140_000])
+def test_cleared_tokens_as_bits_whether_few_or_most(count):
+    """A near row's cleared tokens, few (bits set one by one) or most of the vocabulary
+    (packed from booleans), clear exactly those bits of the row."""
+    from constrained.grammars.closing_matcher import Cleared, _set_bits
+
+    rng = np.random.default_rng(count)
+    words = words_for(WIDTH)
+    cleared = np.sort(rng.choice(WIDTH, count, replace=False)).astype(np.int64)
+    flags = np.zeros(words * 32, dtype=bool)
+    flags[cleared] = True
+    assert np.array_equal(_set_bits(np.zeros(words, np.uint32), cleared), np.packbits(
+        flags, bitorder="little").view(np.uint32))  # fmt: skip
+    row = rng.integers(0, 2**32, words, dtype=np.uint64).astype(np.uint32)
+    expected = np.unpackbits(row.view(np.uint8), bitorder="little").astype(bool)
+    expected[cleared] = False
+    Cleared(cleared[: count // 2], words).plus(cleared[count // 2 :].tolist(), words).apply(row)
+    assert np.array_equal(np.unpackbits(row.view(np.uint8), bitorder="little"), expected)
+
+
+@pytest.mark.parametrize("kind, looking_walks", [("json_schema", 1), ("regex", 2)])
+def test_a_json_schemas_looking_walk_is_walked_once(vocab, monkeypatch, kind, looking_walks):
+    """A walk that finds nothing is walked again without JSON's literals as shortcuts
+    (``true``, ``null``), which outside JSON mislead. In a JSON schema's grammar they do
+    not, so a walk that only looks for more than the row needs (a check's, a shorter
+    witness's) is walked once: in the engine's batch of 55 MaskBench schemas the second
+    walk was a fifth of closing's fill and found a shorter completion once in 236. A walk
+    for the witness itself, which keeps the output from being cut, still takes both. The
+    request's ``kind`` decides it when its stack is built."""
+    from concurrent.futures import Future
+
+    from constrained.grammars import closing_matcher
+    from constrained.grammars.stack import build_stack
+
+    compiled: Future = Future()
+    compiled.set_result(grammar(vocab, DENY))
+    stack = build_stack(compiled, vocab, 64, kind=kind)
+    assert stack.json is (kind == "json_schema")
+    text = vocab.hf_tokenizer.encode('{"effect":"\' string', add_special_tokens=False)
+    assert stack.consume(text)
+    walked = []
+    real = closing_matcher.find_witness
+    monkeypatch.setattr(
+        closing_matcher, "find_witness", lambda *a, **k: walked.append(1) or real(*a, **k)
+    )
+    assert stack._walk(8, looking=True) is None  # after other text only "deny" closes
+    assert len(walked) == looking_walks
+    walked.clear()
+    assert stack._walk(8) is None
+    assert len(walked) == 2
+
+
 def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
     """``token_finish``: for every token that ends inside a UTF-8 character, tokens whose
     bytes finish it (the lead byte's own range: ``\\xe0`` needs ``\\xa0`` or more, ``\\xed``

@@ -604,13 +604,16 @@ def closing_layer(
     limit: int,
     hints: Sequence[list[int]] = (),
     scratch: torch.Tensor | None = None,
+    json: bool = False,
 ) -> ClosingMatcher:
     """A request's closing layer over a new matcher of ``grammar``: it starts from the root
     witness (with ``hints``, a preempted run's completions), reaches as far as the
-    grammar's rise (``root_rise``) and shares the grammar's store of near rows."""
+    grammar's rise (``root_rise``) and shares the grammar's store of near rows. ``json``:
+    the grammar is a JSON schema's (``ClosingMatcher``)."""
     root = root_witness(grammar, vocab, scratch)  # walked once per grammar
     hints = [*hints, root] if root is not None else list(hints)
-    closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, shared_sorts(grammar))
+    shared = shared_sorts(grammar)
+    closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, shared, json)
     closing.reach = max(closing.reach, root_rise(grammar, vocab, scratch))
     return closing
 
@@ -626,9 +629,14 @@ class ClosingMatcher(MatcherWrapper):
         hints: Sequence[list[int]] = (),
         scratch: torch.Tensor | None = None,
         shared: OrderedDict | None = None,
+        json: bool = False,
     ) -> None:
         super().__init__(inner)
         self.vocab = vocab
+        # A JSON schema's grammar, where JSON's literals (``true``, ``null``) are shortcuts
+        # everywhere: a walk that only looks for more (a check's, a shorter witness's) is
+        # not walked again without them (``_walk``).
+        self.json = json
         self.eos = vocab.eos_token_id
         self.limit = limit  # max_tokens: output tokens, end-of-sequence included
         self.spent = 0  # output tokens before this stack's first (a thinking block)
@@ -839,11 +847,16 @@ class ClosingMatcher(MatcherWrapper):
             self._scratch = torch.zeros(1, words_for(self.vocab.width), dtype=torch.int32)
         return self._scratch
 
-    def _walk(self, limit: int, joins: Sequence[list[int]] = ()) -> list[int] | None:
+    def _walk(
+        self, limit: int, joins: Sequence[list[int]] = (), looking: bool = False
+    ) -> list[int] | None:
         """A completion from the current state within ``limit`` (``find_witness``), ending
-        early where one of ``joins`` completes."""
+        early where one of ``joins`` completes. ``looking``: a walk for more than the row
+        needs (a check's, a shorter witness's), walked once in a JSON schema's grammar."""
         # Joins only end a walk early: the same walk without them finds nothing more.
         found = find_witness(self.inner, self.vocab, limit, self._row(), joins=joins)
+        if looking and self.json:  # (the second walk found a shorter one for 1 of 236)
+            return found
         literals = literal_tokens(self.vocab)
         # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.
         if found is None or any(literals[token] for token in found):
@@ -907,7 +920,7 @@ class ClosingMatcher(MatcherWrapper):
                     else None
                 )
                 shorter = (
-                    self._walk(len(witness) - 1)
+                    self._walk(len(witness) - 1, looking=True)
                     if text is None or text != self.no_shorter
                     else None
                 )
@@ -945,7 +958,7 @@ class ClosingMatcher(MatcherWrapper):
                             *self._sort_tokens(bitmask, row, witness, left))  # fmt: skip
             if shorter_after_sort and sort.unsafe:
                 self.shortest_tried = True
-                shorter = self._walk(len(witness) - 1)
+                shorter = self._walk(len(witness) - 1, looking=True)
                 if shorter is not None and len(shorter) < len(witness):
                     self.witness, self.need_bound = shorter, len(shorter)
                     return self._narrow_own(bitmask, row)  # the row again, from there
@@ -1362,7 +1375,7 @@ class ClosingMatcher(MatcherWrapper):
             return None
         joins = self._joins(witness)
         try:
-            found = self._walk(room, joins)
+            found = self._walk(room, joins, looking=True)
         finally:
             self.inner.rollback(1)
         walks.left -= room if found is None else _masks_taken(found, joins)

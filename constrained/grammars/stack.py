@@ -59,7 +59,8 @@ def build_stack(
     """The stack for one request: ``compiled``, the future of its compiled grammar;
     ``limit``: its ``max_tokens`` when it closes by them; ``hints``: completions a preempted
     request's earlier stack knew (checked before use); ``scratch``: a host bitmask row for
-    closing's walks; ``thinking``: its gate, if it thinks first; ``kind``: for the log."""
+    closing's walks; ``thinking``: its gate, if it thinks first; ``kind``: the spec's (the log;
+    closing walks a JSON schema's grammar as JSON)."""
     answer = AnswerLayers(compiled, vocab, limit, hints, scratch, kind)
     if thinking is None:
         return answer.matcher()
@@ -108,7 +109,10 @@ class AnswerLayers:
         grammar = self.compiled.result()
         if self.limit is None:
             return grammar.matcher()
-        self.closing = closing_layer(grammar, self.vocab, self.limit, self.hints, self.scratch)
+        json = self.kind == "json_schema"  # (its walks: ``ClosingMatcher.json``)
+        self.closing = closing_layer(
+            grammar, self.vocab, self.limit, self.hints, self.scratch, json=json
+        )
         self.closing.spent = self.spent
         return self.closing
 
