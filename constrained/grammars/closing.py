@@ -151,7 +151,8 @@ def _walk(
     orders = (token_ranks(vocab, True), token_ranks(vocab, False))
     quote = vocab._once("closing_quote", lambda: int(orders[0].argmin()))  # '"': first
     closers = closing_sequences(vocab)
-    used = _start_costs(vocab, plain_text).copy()
+    # What each token costs more once used (a fresh zeroed array is cheaper than a copy)
+    used = _literal_costs(vocab).copy() if plain_text else np.zeros(vocab.width, np.int32)
     if scratch is None:
         scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     words = scratch[0].numpy().view(np.uint32)  # the row each step's mask is written to
@@ -232,17 +233,16 @@ def _walk(
         matcher.rollback(len(path))
 
 
-def _start_costs(vocab: Vocab, plain_text: bool) -> np.ndarray:
-    """A walk's starting cost of each token, before it uses any: none, or in a regex or
-    grammar (``plain_text``, not JSON) JSON's literals', which are no shortcut there."""
+def _literal_costs(vocab: Vocab) -> np.ndarray:
+    """A walk's starting costs in a regex or grammar (``plain_text``, not JSON): JSON's
+    literals cost more there, being no shortcut."""
 
     def build() -> np.ndarray:
         used = np.zeros(vocab.width, dtype=np.int32)
-        if plain_text:
-            used[token_ranks(vocab, True) == _LITERAL] = _LITERAL_COST
+        used[token_ranks(vocab, True) == _LITERAL] = _LITERAL_COST
         return used
 
-    return vocab._once(f"closing_start_costs_{plain_text}", build)
+    return vocab._once("closing_literal_costs", build)
 
 
 def shortest_spelling(matcher: Matcher, vocab: Vocab, path: list[int]) -> list[int]:
