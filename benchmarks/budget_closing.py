@@ -121,7 +121,7 @@ def processor_cost(
 
     from constrained.grammars import GrammarSpec, compile_now, load_vocab
     from constrained.grammars.closing import find_witness
-    from constrained.grammars.closing_matcher import forget_shared_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts
     from constrained.processors.grammar_mask import GrammarMaskProcessor
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size

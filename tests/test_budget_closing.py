@@ -313,11 +313,8 @@ def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch
     """The first request to check a near row checks it for the others at the same state
     (``shared_sorts``): the second request's rows equal a lone request's, bit for bit, and
     it sorts fewer rows itself (its rows inside the strings come from the store)."""
-    from constrained.grammars.closing_matcher import (
-        ClosingMatcher,
-        forget_shared_sorts,
-        shared_sorts,
-    )
+    from constrained.grammars.closing_matcher import ClosingMatcher
+    from constrained.grammars.closing_sorts import forget_shared_sorts, shared_sorts
     from tests.closing_walk import allowed
 
     forget_shared_sorts()
@@ -458,27 +455,27 @@ def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
     cached); and a grammar that dies takes its store with it."""
     import gc
 
-    from constrained.grammars import closing_matcher
-    from constrained.grammars.closing_matcher import forget_shared_sorts, shared_sorts
+    from constrained.grammars import closing_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts, shared_sorts
 
     class Grammar:
         history = False
 
     registered = []
-    finalize = closing_matcher.weakref.finalize
-    monkeypatch.setattr(closing_matcher.weakref, "finalize",
+    finalize = closing_sorts.weakref.finalize
+    monkeypatch.setattr(closing_sorts.weakref, "finalize",
                         lambda *a: registered.append(a[-1]) or finalize(*a))  # fmt: skip
     forget_shared_sorts()
-    grammars = [Grammar() for _ in range(closing_matcher.SHARED_GRAMMARS + 2)]
+    grammars = [Grammar() for _ in range(closing_sorts.SHARED_GRAMMARS + 2)]
     for _ in range(20):  # each round evicts every store before it is asked for again
         for grammar in grammars:
             assert shared_sorts(grammar) is not None
     assert len(registered) == len(grammars)
     last = id(grammars[-1])
-    assert last in closing_matcher._SHARED
+    assert last in closing_sorts._SHARED
     del grammars, grammar
     gc.collect()
-    assert last not in closing_matcher._SHARED and last not in closing_matcher._WATCHED
+    assert last not in closing_sorts._SHARED and last not in closing_sorts._WATCHED
 
 
 def _object_of(key: str) -> dict:
@@ -505,7 +502,7 @@ def test_a_sort_taken_at_another_state_leaves_no_stale_witness(vocab, budget):
     refuses (in the engine: the request ends at end-of-sequence on an incomplete output).
     At every row the witness completes from where the output is, and every allowed token
     is one the matcher takes."""
-    from constrained.grammars.closing_matcher import forget_shared_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts
     from tests.closing_walk import closing_stack
 
     forget_shared_sorts()

@@ -14,19 +14,17 @@ import torch
 from constrained.grammars import GrammarSpec, compile_now
 from constrained.grammars import closing as closing_module
 from constrained.grammars.closing import find_witness
-from constrained.grammars.closing_matcher import (
-    RECHECK_EVERY,
-    ClosingMatcher,
-    Walks,
-    _open_bytes,
+from constrained.grammars.closing_matcher import RECHECK_EVERY, ClosingMatcher, Walks
+from constrained.grammars.matcher import words_for
+from constrained.grammars.token_shapes import (
     hex_finish,
     in_free_text,
+    open_bytes,
     owed_hex_digits,
     text_classes,
     token_classes,
     token_finish,
 )
-from constrained.grammars.matcher import words_for
 from tests.test_grammar_bookkeeping import WIDTH, vocab
 
 __all__ = ["vocab"]
@@ -122,7 +120,7 @@ def test_a_walk_that_finds_nothing_looks_ahead_a_few_times(vocab, monkeypatch):
 def test_cleared_tokens_as_bits_whether_few_or_most(count):
     """A near row's cleared tokens, few (bits set one by one) or most of the vocabulary
     (packed from booleans), clear exactly those bits of the row."""
-    from constrained.grammars.closing_matcher import Cleared, _set_bits
+    from constrained.grammars.closing_sorts import Cleared, _set_bits
 
     rng = np.random.default_rng(count)
     words = words_for(WIDTH)
@@ -177,7 +175,7 @@ def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
     one, so ``\\xe0`` takes one token, never two); for one that opens an escape, ``"``.
     Tried after it before any walk."""
     pieces = vocab.token_bytes()
-    cut = [t for t, piece in enumerate(pieces) if piece and _open_bytes(piece)]
+    cut = [t for t, piece in enumerate(pieces) if piece and open_bytes(piece)]
     assert len(cut) > 1000
     for token in cut:
         piece, finish = pieces[token], token_finish(vocab, token)
@@ -185,7 +183,7 @@ def test_every_token_cut_inside_a_character_has_bytes_that_finish_it(vocab):
         if piece[lead] in (0xC0, 0xC1) or piece[lead] >= 0xF5:  # no character starts so
             assert finish == ()
             continue
-        owed = _open_bytes(piece)
+        owed = open_bytes(piece)
         assert 1 <= len(finish) <= owed
         assert sum(len(pieces[t]) for t in finish) == owed
         (piece[lead:] + b"".join(pieces[t] for t in finish)).decode()  # a whole character
@@ -242,7 +240,7 @@ def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch
     stack.fill(bitmask, 0)
     pieces = vocab.token_bytes()
     row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH))
-    assert any(_open_bytes(pieces[t]) for t in row.tolist())  # kept: they finish in time
+    assert any(open_bytes(pieces[t]) for t in row.tolist())  # kept: they finish in time
     assert not [t for t in walked if token_finish(vocab, t)]  # nor one opening an escape
 
 
@@ -681,7 +679,7 @@ def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...]
     end-of-sequence), the tokens that second row checks recorded. ``remembered``: tokens
     given a suffix of their own first (``recent``, as a walk's find after them leaves).
     The stack, the row, the tokens checked."""
-    from constrained.grammars.closing_matcher import forget_shared_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts
 
     forget_shared_sorts()
     prefix = vocab.hf_tokenizer.encode('{"note":"x', add_special_tokens=False)
@@ -740,18 +738,18 @@ def test_requests_share_a_wide_rows_class_spans(vocab, monkeypatch):
     two requests at the same free-string row (a batch's plain string fields) group it
     once (``class_spans``: no pass over the vocabulary's class order for the second), and
     the rows come out as a fresh grouping writes them."""
-    from constrained.grammars import closing_matcher
+    from constrained.grammars import token_shapes
 
     vocab._built.pop("closing_class_spans", None)
     passes = []
-    order = closing_matcher.class_order
-    closing_matcher.class_order = lambda *args: passes.append(args) or order(*args)
+    order = token_shapes.class_order
+    token_shapes.class_order = lambda *args: passes.append(args) or order(*args)
     try:
         _, first, checked = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
         grouped = len(passes)
         _, second, again = _no_slack_text_row(vocab, grammar(vocab, NOTE), monkeypatch)
     finally:
-        closing_matcher.class_order = order
+        token_shapes.class_order = order
     assert grouped >= 1 and len(passes) == grouped  # the second request: none of its own
     assert second == first and again == checked
     vocab._built.pop("closing_class_spans", None)

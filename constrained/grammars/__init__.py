@@ -16,6 +16,11 @@ Modules:
 - ``backend``: ``Backend``, what a backend plugs in.
 - ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``).
 - ``closing``: witness walks, finishing inside a token budget.
+- ``closing_matcher``: ``ClosingMatcher``, the row's layer that finishes by ``max_tokens``;
+  ``token_shapes`` (its vocabulary tables: token classes, free text, half-written tokens)
+  and ``closing_sorts`` (its kept near-row sorts, shared by a grammar's requests).
+- ``reasoning_gate``: ``GatedMatcher``, the top layer of a request that thinks first.
+- ``stack``: ``build_stack``, a request's row as a stack of matchers.
 - ``llguidance_backend``, ``xgrammar_backend``, ``outlines_backend``: one backend each.
 - ``registry``: the backends in ``auto`` order, ``BACKEND_NAMES``, ``get_backend``.
 - ``auto``: which backend compiles a spec.

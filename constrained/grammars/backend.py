@@ -26,7 +26,7 @@ class CompiledGrammar(Protocol):
     backend: str
     #: Whether a matcher's rows depend on more than the grammar's state (the items an array
     #: saw: ``checked_matcher.CheckedGrammar``); then closing's checks of a row are not
-    #: shared between requests (``closing_matcher.shared_sorts``).
+    #: shared between requests (``closing_sorts.shared_sorts``).
     history: bool
 
     def matcher(self) -> Matcher: ...

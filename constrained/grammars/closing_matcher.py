@@ -87,11 +87,8 @@ Example::
 from __future__ import annotations
 
 import logging
-import re
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -103,7 +100,25 @@ from constrained.grammars.closing import (
     literal_tokens,
     root_witness,
 )
+from constrained.grammars.closing_sorts import (
+    SHARED_LEFTS,
+    SHARED_SORTS,
+    Sort,
+    nearest,
+    new_sort,
+    shared_sorts,
+)
 from constrained.grammars.matcher import Matcher, MatcherWrapper, row_ids, words_for
+from constrained.grammars.token_shapes import (
+    class_spans,
+    hex_finish,
+    in_free_text,
+    owed_hex_digits,
+    prefix_tokens,
+    text_classes,
+    token_classes,
+    token_finish,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -129,7 +144,6 @@ SHORTER_WITNESS_MAX = 16  # a witness this short or shorter is walked for a shor
 FINISH_BASES = 3  # known suffixes tried after the bytes that finish a UTF-8 character
 # the output's last token cut, where the witness did not follow
 LEARNT = 8  # suffixes found by walks that every later check tries before a walk of its own
-CLASS_SPAN_ROWS = 8  # wide rows whose class spans a vocabulary keeps (``class_spans``)
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 FORCED_CHECKS = 512  # tokens a wide row of structure (an enum's values, not free text)
 # would clear, checked again by what the grammar forces after them (one ``forced()`` and one
@@ -142,106 +156,6 @@ FORCED_WALK_MASKS = NARROW_WALK_TOKENS  # ... then, in a row where some forced r
 # charged its room)
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
 RISE_WALK_TOKENS = 96  # ... and one walk of it
-_PLAIN = np.ones(256, dtype=bool)
-_PLAIN[list(b'"\\{}[],:\n\r\t')] = False  # bytes that can open or close a structure
-
-
-def token_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Each token's structure class (runs of plain bytes collapsed) and its byte length."""
-    return vocab._once("closing_classes", lambda: _classes(vocab, False))
-
-
-TEXT_CLASSES = 1 << 20  # text classes' ids start here (never equal to a structure class's)
-_TEXT = np.ones(256, dtype=bool)
-_TEXT[list(b'"\\')] = False  # inside a JSON string only these end or escape the text
-_TEXT[:0x20] = False  # (control bytes are not text there)
-TEXT_PROBE = b"{}[],: a"  # a row allowing each as a token of its own is inside free text
-
-
-def text_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Each token's class inside free text, where ``{}[],:`` are plain characters: the
-    bytes before its first quote, backslash or control byte collapsed as one run, the rest
-    as in ``token_classes`` (``a{b``, ``abc`` and ``,`` are one class; ``"`` ``}`` another),
-    and the UTF-8 bounds. Ids from ``TEXT_CLASSES`` on; and the byte lengths."""
-    return vocab._once("closing_text_classes", lambda: _classes(vocab, True))
-
-
-def _classes(vocab: Vocab, text: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``token_classes`` (``text`` false) or ``text_classes``: the class ids, the lengths."""
-    keys: dict[bytes, int] = {}
-    classes = np.full(vocab.width, -1, dtype=np.int64)
-    lengths = np.zeros(vocab.width, dtype=np.int64)
-    first = TEXT_CLASSES if text else 0
-    for token, piece in enumerate(vocab.token_bytes()):
-        if not piece:
-            continue
-        key, inside = bytearray(), text
-        for byte in piece:
-            inside = inside and _TEXT[byte]
-            plain = inside or _PLAIN[byte]
-            if not (plain and key[-1:] == b"\x00"):
-                key.append(0 if plain else byte)
-        # A piece that starts or ends inside a UTF-8 character is not plain text: it needs
-        # (or continues) bytes of that character.
-        key += b"\xfe%c\xff%c" % (_leading_continuations(piece), _open_bytes(piece))
-        classes[token] = first + keys.setdefault(bytes(key), len(keys))
-        lengths[token] = len(piece)
-    return classes, lengths
-
-
-def class_order(vocab: Vocab, text: bool = False) -> np.ndarray:
-    """Every token id ordered by class (``text_classes`` when ``text``, else
-    ``token_classes``), then byte length, then id (a wide row's allowed tokens keep this
-    order: its classes' shortest and longest members at their ends)."""
-
-    def build() -> np.ndarray:
-        classes, lengths = text_classes(vocab) if text else token_classes(vocab)
-        return np.lexsort((lengths, classes))
-
-    return vocab._once("closing_text_order" if text else "closing_class_order", build)
-
-
-def class_spans(
-    vocab: Vocab, words: np.ndarray, keep: np.ndarray, text: bool
-) -> tuple[np.ndarray, list[tuple[int, int, int, int, int]]]:
-    """A wide row's allowed tokens (``keep``, from its bitmask ``words``) in ``class_order``,
-    and each class's span of them: ``(begin, end, class, shortest, longest)``. Kept per
-    vocabulary for the last ``CLASS_SPAN_ROWS`` rows, by the row's words: it does not depend
-    on the request, and the free-string rows of a batch's requests are one row (three
-    passes over the vocabulary a sort, a fifth of the wide sorts' time, otherwise)."""
-    spans_by_row: dict[tuple[bool, bytes], Any] = vocab._once("closing_class_spans", dict)
-    key = (text, words.tobytes())
-    found = spans_by_row.get(key)
-    if found is not None:
-        return found
-    classes = (text_classes if text else token_classes)(vocab)[0]
-    ordered = class_order(vocab, text)
-    ordered = ordered[keep[ordered]]
-    keys = classes[ordered]
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    ends = np.r_[starts[1:], keys.size]
-    firsts, lasts, named = ordered[starts], ordered[ends - 1], keys[starts]
-    spans = list(zip(*(a.tolist() for a in (starts, ends, named, firsts, lasts)), strict=True))
-    ordered.flags.writeable = False  # shared: callers slice it, never write it
-    if len(spans_by_row) >= CLASS_SPAN_ROWS:
-        spans_by_row.clear()  # (a plain dict: the fill threads of engines in one process)
-    spans_by_row[key] = (ordered, spans)
-    return ordered, spans
-
-
-def in_free_text(vocab: Vocab, words: np.ndarray) -> bool:
-    """Whether a row allows each byte of ``TEXT_PROBE`` as a token of its own: free text
-    (inside a JSON string), where those bytes write text as letters do; structure
-    (JSON between values, a ``uri`` format's ``[::1]:80``) never allows all of them."""
-
-    def build() -> np.ndarray:
-        by_bytes = _by_bytes(vocab)
-        return np.asarray([by_bytes.get(bytes([b]), -1) for b in TEXT_PROBE], dtype=np.int64)
-
-    probe = vocab._once("closing_text_probe", build)
-    if (probe < 0).any():
-        return False
-    return bool(np.all(words[probe // 32] >> (probe % 32).astype(np.uint32) & 1))
 
 
 def _others(words: np.ndarray, eos: int) -> int:
@@ -255,48 +169,6 @@ def _wide(words: np.ndarray, eos: int) -> bool:
     """Whether a row allows more than ``EXACT_MAX`` tokens besides end-of-sequence (free
     text, an enum's values): checked per class, not token by token (``_sort_tokens``)."""
     return _others(words, eos) > EXACT_MAX
-
-
-def _by_bytes(vocab: Vocab) -> dict[bytes, int]:
-    """Each token's id by its bytes."""
-    pieces = vocab.token_bytes()
-    return vocab._once(
-        "closing_by_bytes", lambda: {piece: i for i, piece in enumerate(pieces) if piece}
-    )
-
-
-def _prefix_tokens(vocab: Vocab, text: bytes, most: int) -> set[int]:
-    """The tokens whose bytes are ``text``'s first ``k`` bytes, ``1 <= k <= most``."""
-    by_bytes = _by_bytes(vocab)
-    found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), most) + 1)}
-    found.discard(None)
-    return found  # type: ignore[return-value]
-
-
-def _leading_continuations(piece: bytes) -> int:
-    """UTF-8 continuation bytes (10xxxxxx) a piece starts with."""
-    count = 0
-    while count < len(piece) and piece[count] & 0xC0 == 0x80:
-        count += 1
-    return min(count, 4)
-
-
-def _open_bytes(piece: bytes) -> int:
-    """Continuation bytes still owed by a UTF-8 character the piece ends inside (0 if none)."""
-    for back in range(1, min(4, len(piece)) + 1):
-        byte = piece[-back]
-        if byte & 0xC0 != 0x80:  # the last character's lead byte
-            size = (
-                2
-                if byte & 0xE0 == 0xC0
-                else 3
-                if byte & 0xF0 == 0xE0
-                else 4
-                if byte & 0xF8 == 0xF0
-                else 1
-            )
-            return max(size - back, 0)
-    return 0
 
 
 class Walks:
@@ -313,108 +185,6 @@ class Walks:
         self.why = why  # whether a failed check must say if it was ``no_end`` (risers)
 
 
-class Cleared:
-    """The tokens a near row clears: their ids while few, else a bitmask of the row's words
-    (a wide row near the end clears most of the vocabulary: 151,936 ids as Python ints were
-    5 MB a sort, as a bitmask 19 KB)."""
-
-    __slots__ = ("bits", "ids")
-
-    def __init__(self, ids: list[int] | np.ndarray, words: int) -> None:
-        flat = np.asarray(ids, dtype=np.int64)
-        self.ids: np.ndarray | None = None
-        self.bits: np.ndarray | None = None
-        if flat.size <= words:
-            self.ids = flat.astype(np.int32)
-        else:
-            self.bits = _set_bits(np.zeros(words, dtype=np.uint32), flat)
-
-    def __bool__(self) -> bool:
-        return bool(self.ids.size) if self.ids is not None else bool(self.bits.any())
-
-    def apply(self, words: np.ndarray) -> None:
-        """Clear these tokens in a row's words (in place)."""
-        if self.bits is not None:
-            np.bitwise_and(words, ~self.bits, out=words)
-        elif self.ids.size:
-            ids = self.ids.astype(np.int64)
-            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
-
-    def plus(self, more: list[int], words: int) -> Cleared:
-        if not more:
-            return self
-        if self.bits is not None:
-            grown = Cleared([], words)
-            grown.ids, grown.bits = None, _set_bits(self.bits.copy(), np.asarray(more, np.int64))
-            return grown
-        return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
-
-
-_PACK_FROM = 1024  # ids from which ``_set_bits`` packs booleans rather than ``.at``
-
-
-def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Set the bits of token ``ids`` (int64) in a row's uint32 ``words``; returns them.
-    Many ids (a wide row's cleared vocabulary) are packed from booleans: ``bitwise_or.at``
-    over 140k ids took 3.5 ms, the packing 0.2."""
-    if ids.size <= _PACK_FROM:
-        np.bitwise_or.at(words, ids // 32, np.uint32(1) << (ids % 32).astype(np.uint32))
-        return words
-    flags = np.zeros(words.size * 32, dtype=bool)
-    flags[ids] = True
-    words |= np.packbits(flags, bitorder="little").view(np.uint32)
-    return words
-
-
-@dataclass
-class Sort:
-    """A committed near row's checks: its allowed words and witness, the room it was
-    checked for, the kept tokens' and classes' suffixes, the cleared tokens."""
-
-    words: np.ndarray
-    witness: list[int]
-    left: int
-    safe: dict[int, list[int]]
-    by_class: dict[int, list[int]]
-    unsafe: Cleared
-    longest: int  # the longest kept suffix: while it fits, nothing needs checking again
-
-
-def new_sort(
-    words: np.ndarray,
-    witness: list[int],
-    left: int,
-    safe: dict[int, list[int]],
-    by_class: dict[int, list[int]],
-    unsafe: list[int] | np.ndarray | Cleared,
-) -> Sort:
-    longest = max(max(map(len, safe.values()), default=0),
-                  max(map(len, by_class.values()), default=0))  # fmt: skip
-    cleared = unsafe if isinstance(unsafe, Cleared) else Cleared(unsafe, words.size)
-    return Sort(words, witness, left, safe, by_class, cleared, longest)
-
-
-SHARED_SORTS = 128  # near rows (words and witness) kept per grammar (memory: a sort holds
-# its checked suffixes; the soak test bounds what a served round may add)
-SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
-
-
-def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
-    """The sort checked with the least room at least ``left`` (the fewest to check again)."""
-    if not by_left:
-        return None
-    found = by_left.get(left)
-    if found is None:
-        more = [k for k in by_left if k > left]
-        found = by_left[min(more)] if more else None
-    return found
-
-
-SHARED_GRAMMARS = 2  # grammars whose stores are kept (the most recently used)
-_SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
-_WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
-
-
 BRIDGES = 256  # bridges a request keeps (``ClosingMatcher.bridges``)
 JOIN_TAILS = 12  # the witness's boundary tails a check's walk may end on (the shortest)
 _BOUNDARY = (b",", b"}", b"]")  # the witness's bytes that begin a tail to join
@@ -425,129 +195,6 @@ def _masks_taken(found: list[int], joins: Sequence[list[int]]) -> int:
     ends with (the longest that matches; at least one)."""
     tail = max((len(j) for j in joins if j and found[-len(j) :] == j), default=0)
     return max(len(found) - tail, 1)
-
-
-def _forget(key: int) -> None:
-    _SHARED.pop(key, None)
-    _WATCHED.discard(key)
-
-
-def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
-    """Tokens that finish what a token leaves half-written (none when nothing): the UTF-8
-    character it ends inside (one token of the continuation bytes it owes where the
-    vocabulary has one, ``\\xbb\\xbf`` after ``\\xe0``, or two, ``\\x9f\\x98`` ``\\x80`` after
-    ``\\xf0``; else the lowest single bytes its lead byte allows), or a JSON escape its last
-    backslash opens (``"``: ``\\"``)."""
-
-    def build() -> dict[int, tuple[int, ...]]:
-        by_bytes = _by_bytes(vocab)
-        quote = by_bytes.get(b'"')
-        finish: dict[int, tuple[int, ...]] = {}
-        pieces = vocab.token_bytes()
-        low = by_bytes.get(b"\x80")
-        tails: dict[int, list[int]] = {}  # tokens of 2 or 3 continuation bytes, by length
-        for tok, piece in enumerate(pieces):
-            if 1 < len(piece) < 4 and all(b & 0xC0 == 0x80 for b in piece):
-                tails.setdefault(len(piece), []).append(tok)
-        for tok, piece in enumerate(pieces):
-            owed = _open_bytes(piece) if piece else 0
-            if not owed:
-                slashes = len(piece) - len(piece.rstrip(b"\\"))
-                if slashes % 2 and quote is not None:
-                    finish[tok] = (quote,)
-                continue
-            start = len(piece) - next(back for back in range(1, 5) if piece[-back] & 0xC0 != 0x80)
-            lead = piece[start:]
-            whole = next((t for t in tails.get(owed, ()) if _decodes(lead + pieces[t])), None)
-            if whole is not None:
-                finish[tok] = (whole,)
-                continue
-            if owed == 3 and low is not None:  # two tokens, not three
-                pairs = (t for t in tails.get(2, ()) if _decodes(lead + pieces[t] + b"\x80"))
-                two = next(pairs, None)
-                if two is not None:
-                    finish[tok] = (two, low)
-                    continue
-            for first in (0x80, 0x90, 0xA0):  # E0 needs A0+, F0 90+, ED and F4 below them
-                more = bytes([first] + [0x80] * (owed - 1))
-                if not _decodes(lead + more):
-                    continue
-                ids = [by_bytes.get(bytes([b])) for b in more]
-                if all(i is not None for i in ids):
-                    finish[tok] = tuple(ids)  # type: ignore[arg-type]
-                break
-        return finish
-
-    return vocab._once("closing_token_finish", build).get(token, ())
-
-
-_OPEN_ESCAPE = re.compile(rb"(?:^|[^\\])(?:\\\\)*\\u([0-9A-Fa-f]{0,3})$")
-
-
-def owed_hex_digits(text: bytes) -> int:
-    """Hex digits still owed by a JSON ``\\u`` escape ``text`` ends inside (0 if none):
-    ``#\\uD`` owes 3. A heuristic on the last bytes (the backslash counted as escaping
-    when an even run of them precedes it): what it proposes, the matcher checks."""
-    found = _OPEN_ESCAPE.search(text)
-    return 4 - len(found.group(1)) if found else 0
-
-
-def hex_finish(vocab: Vocab, owed: int) -> tuple[int, ...]:
-    """The fewest tokens that write ``owed`` hex digits (``ace`` for 3), the longest
-    first; none if the vocabulary has no such tokens."""
-
-    def build() -> dict[int, int]:
-        digits = set(b"0123456789abcdefABCDEF")
-        by_size: dict[int, int] = {}
-        for token, piece in enumerate(vocab.token_bytes()):
-            if 0 < len(piece) <= 4 and all(b in digits for b in piece):
-                by_size.setdefault(len(piece), token)
-        return by_size
-
-    by_size = vocab._once("closing_hex_tokens", build)
-    out: list[int] = []
-    while owed > 0:
-        size = max((n for n in by_size if n <= owed), default=0)
-        if not size:
-            return ()
-        out.append(by_size[size])
-        owed -= size
-    return tuple(out)
-
-
-def _decodes(text: bytes) -> bool:
-    try:
-        text.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def shared_sorts(grammar: Any) -> OrderedDict | None:
-    """The near rows' sorts of every request of one compiled grammar (kept while it lives,
-    for the last ``SHARED_GRAMMARS`` grammars used): requests with one schema reach the
-    same states (the first row inside each string), and the first to check a row checks
-    it for all. ``None`` for a grammar whose rows depend on a request's history
-    (``history``: the items an array saw), where equal rows are not equal states."""
-    if grammar.history:
-        return None
-    key = id(grammar)
-    sorts = _SHARED.get(key)
-    if sorts is None:
-        sorts = _SHARED[key] = OrderedDict()
-        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
-            _WATCHED.add(key)
-            weakref.finalize(grammar, _forget, key)  # its id may be reused after
-        while len(_SHARED) > SHARED_GRAMMARS:
-            _SHARED.popitem(last=False)
-    else:
-        _SHARED.move_to_end(key)
-    return sorts
-
-
-def forget_shared_sorts() -> None:
-    """Empty every grammar's store (benchmarks time each round from a cold store)."""
-    _SHARED.clear()
 
 
 def root_rise(grammar: Any, vocab: Vocab, scratch: torch.Tensor | None = None) -> int:
@@ -1194,7 +841,7 @@ class ClosingMatcher(MatcherWrapper):
         known[list(self.recent)] = True
         known[[-1 - key for key in self.bridges if key < 0]] = True
         for text in self.learnt_texts:  # (a strict prefix: ``_realigned``'s condition)
-            known[list(_prefix_tokens(self.vocab, text, min(len(text) - 1, 47)))] = True
+            known[list(prefix_tokens(self.vocab, text, min(len(text) - 1, 47)))] = True
         return known
 
     def _keep_forced(
@@ -1255,7 +902,7 @@ class ClosingMatcher(MatcherWrapper):
         """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
         witness ``</`` ``parameter`` ``>``...)."""
         pieces = self.vocab.token_bytes()
-        return _prefix_tokens(self.vocab, b"".join(pieces[token] for token in witness[:8]), 48)
+        return prefix_tokens(self.vocab, b"".join(pieces[token] for token in witness[:8]), 48)
 
     def _text_of(self, witness: list[int]) -> tuple[bytes, dict[int, int]]:
         """The witness's text and its tokens' bounds in it (byte offset -> tokens before),

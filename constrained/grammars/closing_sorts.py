@@ -1,0 +1,149 @@
+"""Near rows' sorts (``grammars/closing_matcher.py``): the tokens a sort clears
+(``Cleared``: ids while few, else the row's words as bits), a sort (``Sort``: the row's
+words, witness and room, the kept suffixes, the cleared tokens), and a compiled grammar's
+store of them, shared by its requests (``shared_sorts``: by words and witness, then room;
+a batch with one schema checks the first row inside each string once).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class Cleared:
+    """The tokens a near row clears: their ids while few, else a bitmask of the row's words
+    (a wide row near the end clears most of the vocabulary: 151,936 ids as Python ints were
+    5 MB a sort, as a bitmask 19 KB)."""
+
+    __slots__ = ("bits", "ids")
+
+    def __init__(self, ids: list[int] | np.ndarray, words: int) -> None:
+        flat = np.asarray(ids, dtype=np.int64)
+        self.ids: np.ndarray | None = None
+        self.bits: np.ndarray | None = None
+        if flat.size <= words:
+            self.ids = flat.astype(np.int32)
+        else:
+            self.bits = _set_bits(np.zeros(words, dtype=np.uint32), flat)
+
+    def __bool__(self) -> bool:
+        return bool(self.ids.size) if self.ids is not None else bool(self.bits.any())
+
+    def apply(self, words: np.ndarray) -> None:
+        """Clear these tokens in a row's words (in place)."""
+        if self.bits is not None:
+            np.bitwise_and(words, ~self.bits, out=words)
+        elif self.ids.size:
+            ids = self.ids.astype(np.int64)
+            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
+
+    def plus(self, more: list[int], words: int) -> Cleared:
+        if not more:
+            return self
+        if self.bits is not None:
+            grown = Cleared([], words)
+            grown.ids, grown.bits = None, _set_bits(self.bits.copy(), np.asarray(more, np.int64))
+            return grown
+        return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
+
+
+_PACK_FROM = 1024  # ids from which ``_set_bits`` packs booleans rather than ``.at``
+
+
+def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Set the bits of token ``ids`` (int64) in a row's uint32 ``words``; returns them.
+    Many ids (a wide row's cleared vocabulary) are packed from booleans: ``bitwise_or.at``
+    over 140k ids took 3.5 ms, the packing 0.2."""
+    if ids.size <= _PACK_FROM:
+        np.bitwise_or.at(words, ids // 32, np.uint32(1) << (ids % 32).astype(np.uint32))
+        return words
+    flags = np.zeros(words.size * 32, dtype=bool)
+    flags[ids] = True
+    words |= np.packbits(flags, bitorder="little").view(np.uint32)
+    return words
+
+
+@dataclass
+class Sort:
+    """A committed near row's checks: its allowed words and witness, the room it was
+    checked for, the kept tokens' and classes' suffixes, the cleared tokens."""
+
+    words: np.ndarray
+    witness: list[int]
+    left: int
+    safe: dict[int, list[int]]
+    by_class: dict[int, list[int]]
+    unsafe: Cleared
+    longest: int  # the longest kept suffix: while it fits, nothing needs checking again
+
+
+def new_sort(
+    words: np.ndarray,
+    witness: list[int],
+    left: int,
+    safe: dict[int, list[int]],
+    by_class: dict[int, list[int]],
+    unsafe: list[int] | np.ndarray | Cleared,
+) -> Sort:
+    longest = max(max(map(len, safe.values()), default=0),
+                  max(map(len, by_class.values()), default=0))  # fmt: skip
+    cleared = unsafe if isinstance(unsafe, Cleared) else Cleared(unsafe, words.size)
+    return Sort(words, witness, left, safe, by_class, cleared, longest)
+
+
+SHARED_SORTS = 128  # near rows (words and witness) kept per grammar (memory: a sort holds
+# its checked suffixes; the soak test bounds what a served round may add)
+SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
+
+
+def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
+    """The sort checked with the least room at least ``left`` (the fewest to check again)."""
+    if not by_left:
+        return None
+    found = by_left.get(left)
+    if found is None:
+        more = [k for k in by_left if k > left]
+        found = by_left[min(more)] if more else None
+    return found
+
+
+SHARED_GRAMMARS = 2  # grammars whose stores are kept (the most recently used)
+_SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
+_WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
+
+
+def _forget(key: int) -> None:
+    _SHARED.pop(key, None)
+    _WATCHED.discard(key)
+
+
+def shared_sorts(grammar: Any) -> OrderedDict | None:
+    """The near rows' sorts of every request of one compiled grammar (kept while it lives,
+    for the last ``SHARED_GRAMMARS`` grammars used): requests with one schema reach the
+    same states (the first row inside each string), and the first to check a row checks
+    it for all. ``None`` for a grammar whose rows depend on a request's history
+    (``history``: the items an array saw), where equal rows are not equal states."""
+    if grammar.history:
+        return None
+    key = id(grammar)
+    sorts = _SHARED.get(key)
+    if sorts is None:
+        sorts = _SHARED[key] = OrderedDict()
+        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
+            _WATCHED.add(key)
+            weakref.finalize(grammar, _forget, key)  # its id may be reused after
+        while len(_SHARED) > SHARED_GRAMMARS:
+            _SHARED.popitem(last=False)
+    else:
+        _SHARED.move_to_end(key)
+    return sorts
+
+
+def forget_shared_sorts() -> None:
+    """Empty every grammar's store (benchmarks time each round from a cold store)."""
+    _SHARED.clear()
