@@ -101,12 +101,12 @@ from constrained.grammars.closing import (
     root_witness,
 )
 from constrained.grammars.closing_sorts import (
-    SHARED_LEFTS,
-    SHARED_SORTS,
     Sort,
+    keep_sort,
     nearest,
     new_sort,
     shared_sorts,
+    sort_key,
 )
 from constrained.grammars.matcher import Matcher, MatcherWrapper, row_ids, words_for
 from constrained.grammars.token_shapes import (
@@ -598,7 +598,7 @@ class ClosingMatcher(MatcherWrapper):
         if committed:
             sort = self._sorted_again(self._last_sort, words, witness, left)
             if sort is None and self.shared is not None:
-                key = (tuple(witness), hash(words.tobytes()))
+                key = sort_key(witness, words)
                 sort = self._sorted_again(nearest(self.shared.get(key), left), words, witness, left)
         if sort is None:
             sort = new_sort(words.copy() if committed else words, witness, left,
@@ -713,22 +713,8 @@ class ClosingMatcher(MatcherWrapper):
         self.grow = max(self.grow, sort.longest - len(sort.witness))
         self.reach = max(self.reach, self.grow)
         self._last_sort = sort
-        shared = self.shared
-        if shared is None:
-            return
-        if key is None:
-            key = (tuple(sort.witness), hash(sort.words.tobytes()))
-        by_left = shared.get(key)
-        if by_left is None:
-            by_left = shared[key] = {}
-        elif by_left:  # equal words (compared on every hit): one array for all of them
-            sort.words = next(iter(by_left.values())).words
-        by_left[sort.left] = sort
-        if len(by_left) > SHARED_LEFTS:
-            del by_left[min(by_left)]
-        shared.move_to_end(key)
-        if len(shared) > SHARED_SORTS:
-            shared.popitem(last=False)
+        if self.shared is not None:
+            keep_sort(self.shared, sort, key)
 
     def _sorted_again(
         self, last: Sort | None, words: np.ndarray, witness: list[int], left: int

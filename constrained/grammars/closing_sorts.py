@@ -101,6 +101,30 @@ SHARED_SORTS = 128  # near rows (words and witness) kept per grammar (memory: a 
 SHARED_LEFTS = 8  # ... each with its sorts at this many rooms
 
 
+def sort_key(witness: list[int], words: np.ndarray) -> tuple:
+    """A near row's key in a grammar's store: its witness and its allowed words."""
+    return (tuple(witness), hash(words.tobytes()))
+
+
+def keep_sort(store: OrderedDict, sort: Sort, key: tuple | None = None) -> None:
+    """Keep ``sort`` in a grammar's store, by its key (``sort_key``) then its room; the most
+    recently kept ``SHARED_SORTS`` rows, each at its ``SHARED_LEFTS`` largest rooms (the
+    least room goes first)."""
+    if key is None:
+        key = sort_key(sort.witness, sort.words)
+    by_left = store.get(key)
+    if by_left is None:
+        by_left = store[key] = {}
+    elif by_left:  # equal words (compared on every hit): one array for all of them
+        sort.words = next(iter(by_left.values())).words
+    by_left[sort.left] = sort
+    if len(by_left) > SHARED_LEFTS:
+        del by_left[min(by_left)]
+    store.move_to_end(key)
+    if len(store) > SHARED_SORTS:
+        store.popitem(last=False)
+
+
 def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
     """The sort checked with the least room at least ``left`` (the fewest to check again)."""
     if not by_left:
