@@ -1,4 +1,6 @@
-"""``apply_token_bitmask`` equals the plain-torch reference, on sparse and dense masks."""
+"""``apply_token_bitmask`` equals the plain-torch reference, on sparse, dense and half-set
+masks (each takes its own path on CPU: kept logits put back, the kernel alone, empty words
+first)."""
 
 from __future__ import annotations
 
@@ -12,21 +14,27 @@ WORDS = WIDTH // 32
 
 
 def bitmask(kind: str, rows: int, generator: torch.Generator) -> torch.Tensor:
-    """Sparse: a few allowed tokens per row (JSON structure); dense: most allowed (strings)."""
-    count, fill = (5, 0) if kind == "sparse" else (300, -1)
+    """Sparse: a few allowed tokens per row (JSON structure); dense: most allowed (strings);
+    half: the first half of the words all-allowed, the rest as sparse."""
+    count, fill = (300, -1) if kind == "dense" else (5, 0)
     mask = torch.full((rows, WORDS), fill, dtype=torch.int32)
     cols = torch.randint(0, WORDS, (rows, count), generator=generator)
     bits = torch.randint(-(2**31), 2**31 - 1, (rows, count), generator=generator)
-    return mask.scatter_(1, cols, bits.to(torch.int32))
+    mask.scatter_(1, cols, bits.to(torch.int32))
+    if kind == "half":
+        mask[:, : WORDS // 2] = -1
+    return mask
 
 
-@pytest.mark.parametrize("kind", ["sparse", "dense", "mixed"])
+@pytest.mark.parametrize("kind", ["sparse", "dense", "half", "mixed"])
 def test_matches_the_torch_reference_on_a_subset_of_rows(kind):
     gen = torch.Generator().manual_seed(7)
     if kind == "mixed":
-        mask = torch.cat([bitmask("sparse", 5, gen), bitmask("dense", 5, gen)])
+        mask = torch.cat([bitmask("sparse", 4, gen), bitmask("dense", 3, gen)])
+        mask = torch.cat([mask, bitmask("half", 3, gen)])
     else:
         mask = bitmask(kind, 10, gen)
+    mask[3, :4] = -1  # allows tokens that were masked earlier (below): they stay masked
     logits = torch.randn(10, WIDTH, generator=gen)
     logits[3, :100] = float("-inf")  # masked earlier: must stay masked
     rows = [0, 3, 4, 8, 9]
