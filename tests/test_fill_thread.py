@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,3 +66,58 @@ def test_its_thread_ends_with_its_owner():
             break
         time.sleep(0.02)
     assert not any(t.name == "test-fill-owned" for t in threading.enumerate())
+
+
+class _Writer:
+    """A ``MaskWriter`` stand-in: records which thread each fill ran in, and takes
+    ``cost`` seconds of CPU time to write its rows."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+        self.threads: list[str] = []
+
+    def start_step(self) -> None:
+        pass
+
+    def ensure_rows(self, num_rows: int) -> None:
+        pass
+
+    def advance(self, state: object, new: list[int], row: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.threads.append(threading.current_thread().name)
+        began = time.thread_time()
+        while time.thread_time() - began < self.cost:
+            pass
+
+
+def _fill_steps(device: str, cost: float, steps: int = 4) -> list[str]:
+    import numpy as np
+    import torch
+
+    from constrained.processors.mask_fill import V1MaskFill
+
+    state = SimpleNamespace(output_ids=[], consumed=0, stays_free=lambda: False)
+    slots = SimpleNamespace(num_active=1, active=np.array([True]), payload=[state])
+    writer = _Writer(cost)
+    fill = V1MaskFill(writer, slots, SimpleNamespace(device=torch.device(device)))
+    for _ in range(steps):
+        fill.before_update()
+        fill.after_update(SimpleNamespace(batch_size=1))
+    fill.before_update()
+    return writer.threads
+
+
+def test_on_cpu_a_small_fill_runs_inline_after_the_first():
+    threads = _fill_steps("cpu", cost=0.0)
+    assert threads[0] == "constrained-mask"  # nothing measured yet: the thread
+    assert threads[1:] == ["MainThread"] * 3
+
+
+def test_on_cpu_a_large_fill_stays_in_the_thread():
+    assert _fill_steps("cpu", cost=0.002) == ["constrained-mask"] * 4
+
+
+def test_on_a_gpu_every_fill_goes_to_the_thread():
+    assert _fill_steps("cuda", cost=0.0) == ["constrained-mask"] * 4
