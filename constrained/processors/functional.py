@@ -178,30 +178,35 @@ def _mask_on_host(
     """
     words = logits.shape[1] // 32
     index = np.asarray(rows, dtype=np.int64)
-    selected = bitmask.numpy()[index, :words]  # a copy, [len(rows), words]
-    empty = selected == 0
-    counts = empty.sum(axis=1)
-    sparse = counts >= words - words // 16
-    mixed = ~sparse & (counts >= words // 64)
+    host = bitmask.numpy()
+    one = slice(rows[0], rows[0] + 1)  # one row: a view, no copy
+    selected = host[one, :words] if len(rows) == 1 else host[index, :words]
+    if np.count_nonzero(selected) > selected.size - selected.size // 64:  # (one pass)
+        return bitmask, rows  # every row mostly allowed (text): the kernel alone
+    set_words = np.count_nonzero(selected, axis=1)
+    sparse = set_words <= words // 16
+    mixed = ~sparse & (set_words <= words - words // 64)
     if sparse.any():
-        _keep_allowed(logits, index[sparse], selected[sparse], ~empty[sparse])
+        _keep_allowed(logits, index[sparse], selected[sparse])
     if mixed.any():
-        row_of, word_of = np.nonzero(empty[mixed])
+        patched = selected[mixed]  # (a copy)
+        empty = patched == 0
+        row_of, word_of = np.nonzero(empty)
         flat = index[mixed][row_of] * words + word_of
-        logits.view(-1, 32).index_fill_(0, torch.from_numpy(flat), float("-inf"))
+        if logits.dtype == torch.float32:  # NumPy's row writes: 2/3 of ``index_fill_``'s time
+            logits.numpy().reshape(-1, 32)[flat] = -np.inf
+        else:
+            logits.view(-1, 32).index_fill_(0, torch.from_numpy(flat), float("-inf"))
         bitmask = bitmask.clone()
-        patched = selected[mixed]
-        patched[empty[mixed]] = -1
+        patched[empty] = -1
         bitmask.numpy()[index[mixed], :words] = patched
     return bitmask, index[~sparse].tolist()
 
 
-def _keep_allowed(
-    logits: torch.Tensor, index: np.ndarray, selected: np.ndarray, set_words: np.ndarray
-) -> None:
+def _keep_allowed(logits: torch.Tensor, index: np.ndarray, selected: np.ndarray) -> None:
     """Rows ``index`` of ``logits`` set to ``-inf`` but for the tokens their bitmask words
-    ``selected`` allow (``set_words``: those with any bit set), which keep their logits."""
-    row_of, word_of = np.nonzero(set_words)
+    ``selected`` allow, which keep their logits."""
+    row_of, word_of = np.nonzero(selected != 0)  # (faster on booleans than on int32)
     bits = selected[row_of, word_of].view(np.uint32)[:, None] >> _BITS & 1
     which, bit = np.nonzero(bits)
     row_ids = torch.from_numpy(index[row_of[which]])
