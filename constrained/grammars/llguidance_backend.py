@@ -217,11 +217,16 @@ class LLGuidanceMatcher(Matcher):
 
     @classmethod
     def fill_many(cls, pairs: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill several rows in llguidance's thread pool, without the GIL."""
+        """Fill several rows in llguidance's thread pool, without the GIL; one row here (the
+        pool's round trip costs more than one row's mask)."""
         global _EXECUTOR
         import llguidance
         import llguidance.torch
 
+        if len(pairs) == 1:
+            matcher, row = pairs[0]
+            matcher.fill(bitmask, row)
+            return
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()
         inner = [(m._masker(), row) for m, row in pairs]  # type: ignore[attr-defined]
