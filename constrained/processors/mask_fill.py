@@ -270,18 +270,19 @@ def _serve(calls: queue.SimpleQueue, ends: queue.SimpleQueue) -> None:
             ends.put(None)
 
 
-INLINE_FILL_S = 200e-6  # on CPU, a fill whose last step took less CPU time runs inline
+INLINE_FILL_S = 200e-6  # on CPU, a fill whose last step took less time runs inline
 
 
 class V1MaskFill:
     """V1: fill the next masks in a worker thread while the model runs.
 
-    On a CPU device a small fill (the last step's took under ``INLINE_FILL_S`` of CPU
-    time: a row or two) runs inline instead: the forward pass holds the same cores, so the
-    thread gains little there, and its round trip (waking a thread, then the caller on
-    another core's cold cache) cost more than such a fill (one 3-field row: 0.49 against
-    0.22 ms a step, vLLM's own path 0.33 and 0.19 ms beside each). On a GPU the fill always
-    goes to the thread, hidden behind the forward pass.
+    On a CPU device a small fill (the last step's took under ``INLINE_FILL_S`` of wall
+    time, not CPU time: llguidance fills rows in its own threads) runs inline instead: the
+    forward pass holds the same cores, so the thread gains little there, and its round trip
+    (waking a thread, then the caller on another core's cold cache) cost more than such a
+    fill (one 3-field row: 0.49 against 0.22 ms a step, vLLM's own path 0.33 and 0.19 ms
+    beside each). On a GPU the fill always goes to the thread, hidden behind the forward
+    pass.
     """
 
     def __init__(self, writer: MaskWriter, slots: SlotTable, layout: Any) -> None:
@@ -291,7 +292,7 @@ class V1MaskFill:
         self._filled: list[int] = []
         self._num_rows = 0
         self._inline_below = INLINE_FILL_S if layout.device.type == "cpu" else 0.0
-        self._last_fill_s = float("inf")  # CPU time of the last fill (none yet: threaded)
+        self._last_fill_s = float("inf")  # how long the last fill took (none yet: threaded)
 
     def before_update(self) -> None:
         """Let the fill of the last step finish before the batch changes under it."""
@@ -320,7 +321,7 @@ class V1MaskFill:
 
     def _fill(self, rows: list[int]) -> None:
         """Consume each row's new output tokens and write its mask (worker thread)."""
-        began = time.thread_time()
+        began = time.perf_counter()
         done = []
         for row in rows:
             state: RowState = self.slots.payload[row]
@@ -331,7 +332,7 @@ class V1MaskFill:
             done.append(row)
         self.writer.finish()
         self._filled = done
-        self._last_fill_s = time.thread_time() - began
+        self._last_fill_s = time.perf_counter() - began
 
     def rows_to_mask(self, rows: Rows, logits: torch.Tensor) -> list[int]:
         """Finish the fill (rows whose token was a placeholder at update time) and return
