@@ -23,21 +23,25 @@ def bitmask(kind: str, rows: int, generator: torch.Generator) -> torch.Tensor:
     mask.scatter_(1, cols, bits.to(torch.int32))
     if kind == "half":
         mask[:, : WORDS // 2] = -1
+    if kind == "none":  # nothing allowed (every word zero)
+        mask.zero_()
     return mask
 
 
-@pytest.mark.parametrize("kind", ["sparse", "dense", "half", "mixed"])
-def test_matches_the_torch_reference_on_a_subset_of_rows(kind):
+@pytest.mark.parametrize("kind", ["sparse", "dense", "half", "none", "mixed"])
+@pytest.mark.parametrize("rows", [[0, 3, 4, 8, 9], [3], [9, 3, 3, 0]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_torch_reference_on_a_subset_of_rows(kind, rows, dtype):
     gen = torch.Generator().manual_seed(7)
     if kind == "mixed":
-        mask = torch.cat([bitmask("sparse", 4, gen), bitmask("dense", 3, gen)])
-        mask = torch.cat([mask, bitmask("half", 3, gen)])
+        mask = torch.cat([bitmask("sparse", 3, gen), bitmask("dense", 3, gen)])
+        mask = torch.cat([mask, bitmask("half", 3, gen), bitmask("none", 1, gen)])
     else:
         mask = bitmask(kind, 10, gen)
-    mask[3, :4] = -1  # allows tokens that were masked earlier (below): they stay masked
-    logits = torch.randn(10, WIDTH, generator=gen)
+    if kind != "none":
+        mask[3, :4] = -1  # allows tokens that were masked earlier (below): they stay masked
+    logits = torch.randn(10, WIDTH, generator=gen).to(dtype)
     logits[3, :100] = float("-inf")  # masked earlier: must stay masked
-    rows = [0, 3, 4, 8, 9]
     expected = logits.clone()
     apply_token_bitmask_torch(expected, mask, rows)
     apply_token_bitmask(logits, mask, rows)

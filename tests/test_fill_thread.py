@@ -54,12 +54,22 @@ def test_one_call_at_a_time():
     filler.wait()
 
 
+class _Owner:
+    """Holds a ``FillThread`` and hands it its own bound method (as ``V1MaskFill`` does)."""
+
+    def __init__(self) -> None:
+        self.filler = FillThread("test-fill-owned")
+
+    def work(self) -> None:
+        pass
+
+
 def test_its_thread_ends_with_its_owner():
-    filler = FillThread("test-fill-owned")
-    filler.start(lambda: None)
-    filler.wait()
+    owner = _Owner()
+    owner.filler.start(owner.work)
+    owner.filler.wait()
     assert any(t.name == "test-fill-owned" for t in threading.enumerate())
-    del filler
+    del owner
     gc.collect()
     for _ in range(100):
         if not any(t.name == "test-fill-owned" for t in threading.enumerate()):
@@ -93,6 +103,7 @@ class _Writer:
 
 
 def _fill_steps(device: str, cost: float, steps: int = 4) -> list[str]:
+    """Which thread ran each of ``steps`` fills of ``cost`` seconds (CPU time)."""
     import numpy as np
     import torch
 
@@ -109,7 +120,10 @@ def _fill_steps(device: str, cost: float, steps: int = 4) -> list[str]:
     return writer.threads
 
 
-def test_on_cpu_a_small_fill_runs_inline_after_the_first():
+def test_on_cpu_a_small_fill_runs_inline_after_the_first(monkeypatch):
+    import constrained.processors.mask_fill as mask_fill
+
+    monkeypatch.setattr(mask_fill, "INLINE_FILL_S", 1.0)  # a busy machine's wake-up: small
     threads = _fill_steps("cpu", cost=0.0)
     assert threads[0] == "constrained-mask"  # nothing measured yet: the thread
     assert threads[1:] == ["MainThread"] * 3
