@@ -224,8 +224,7 @@ class LLGuidanceMatcher(Matcher):
         import llguidance.torch
 
         if len(pairs) == 1:
-            matcher, row = pairs[0]
-            matcher.fill(bitmask, row)
+            super().fill_many(pairs, bitmask)
             return
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()

@@ -168,7 +168,8 @@ def _mask_on_host(
 
     - few words with any bit set (at most ``1 / 16`` of them): the allowed logits are kept
       aside, the row set to ``-inf`` (one fill), the kept logits put back; done here;
-    - most words all-set: left to the kernel alone;
+    - almost every word with a bit set (at most ``1 / 64`` all-zero): left to the kernel
+      alone;
     - between: every all-zero word's 32 logits masked at once (rows of a ``[rows * words,
       32]`` view); the kernel finishes the mixed words, with those words set to
       all-allowed in a copy of the bitmask.
@@ -179,8 +180,8 @@ def _mask_on_host(
     words = logits.shape[1] // 32
     index = np.asarray(rows, dtype=np.int64)
     host = bitmask.numpy()
-    one = slice(rows[0], rows[0] + 1)  # one row: a view, no copy
-    selected = host[one, :words] if len(rows) == 1 else host[index, :words]
+    # One row is read as a view; several as a copy, [len(rows), words].
+    selected = host[rows[0] : rows[0] + 1, :words] if len(rows) == 1 else host[index, :words]
     if np.count_nonzero(selected) > selected.size - selected.size // 64:  # (one pass)
         return bitmask, rows  # every row mostly allowed (text): the kernel alone
     set_words = np.count_nonzero(selected, axis=1)

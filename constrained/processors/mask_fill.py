@@ -322,7 +322,8 @@ class V1MaskFill:
         return np.flatnonzero(self.slots.active[:num_rows]).tolist()
 
     def _fill(self, rows: list[int]) -> None:
-        """Consume each row's new output tokens and write its mask (worker thread)."""
+        """Consume each row's new output tokens and write its mask (in the fill thread, or
+        inline)."""
         began = time.perf_counter()
         done = []
         for row in rows:
