@@ -319,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "step_ratio_ours_to_cut": medians["ours"]["ms_per_step"]
         / medians["ours_cut"]["ms_per_step"],
+        "tokens_ratio_ours_to_cut": medians["ours"]["tokens_per_s"]
+        / medians["ours_cut"]["tokens_per_s"],
+        # each round's two batches ran back to back: their ratio drifts less with the machine
+        "round_tokens_ratios": [
+            ours["tokens_per_s"] / cut["tokens_per_s"]
+            for ours, cut in zip(rounds["ours"], rounds["ours_cut"], strict=True)
+        ],
     }
     print("cost", json.dumps(cost), flush=True)
     llm.llm_engine.engine_core.shutdown()  # the processor alone, with the machine to itself

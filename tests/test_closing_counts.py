@@ -797,3 +797,74 @@ def test_a_tokenizer_left_truncating_still_spells_in_full(vocab):
         core.no_truncation()
     assert len(spelt) > 2 and spelt == vocab.hf_tokenizer.encode(text, add_special_tokens=False)
     assert vocab.encode(text) == spelt
+
+
+def _text_row_again(vocab, monkeypatch, resort: bool = True):
+    """A stack inside ``NOTE``'s free string sorts its row with no slack, takes a plain
+    token (the same state: the same row and witness), then writes the row again with one
+    token less room, taking the first sort again (``resort``) or sorting afresh. What it
+    saw: the stack, the row, the classes the first sort kept whose suffix no longer fits
+    and those that still fit, the classes sorted the second time, whether that sorted the
+    row whole."""
+    from types import SimpleNamespace
+
+    from constrained.grammars.closing_sorts import forget_shared_sorts
+
+    forget_shared_sorts()
+    compiled = grammar(vocab, NOTE)
+    prefix = vocab.hf_tokenizer.encode('{"note":"x', add_special_tokens=False)
+    matcher = compiled.matcher()
+    assert matcher.consume(prefix)
+    inside = find_witness(matcher, vocab, 64)
+    rest = find_witness(compiled.matcher(), vocab, 64)
+    assert rest is not None and inside is not None
+    stack = ClosingMatcher(compiled.matcher(), vocab, len(prefix) + 2 + len(inside), [rest])
+    assert stack.consume(prefix)
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    stack.fill(bitmask, 0)  # no slack: the witness's rest takes all the room
+    room = stack.left - 2 - 1  # after the plain token below
+    seen = SimpleNamespace(
+        stack=stack,
+        too_long={key for key, suffix in stack.by_class.items() if len(suffix) > room},
+        fits={key for key, suffix in stack.by_class.items() if len(suffix) <= room},
+        classes=set(),
+        whole=False,
+    )
+    assert stack.consume(ids(vocab, b"y"))
+    sort_class, sort_tokens = ClosingMatcher._sort_class, ClosingMatcher._sort_tokens
+
+    def counted(self, wide, span, *args):
+        seen.classes.add(span[2])
+        return sort_class(self, wide, span, *args)
+
+    monkeypatch.setattr(ClosingMatcher, "_sort_class", counted)
+    monkeypatch.setattr(
+        ClosingMatcher,
+        "_sort_tokens",
+        lambda self, *a: setattr(seen, "whole", True) or sort_tokens(self, *a),
+    )
+    if not resort:
+        monkeypatch.setattr(ClosingMatcher, "_sorted_again", lambda self, *a: None)
+    stack.fill(bitmask, 0)
+    monkeypatch.undo()
+    seen.row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH)).tolist()
+    return seen
+
+
+def test_a_free_text_row_again_sorts_only_the_classes_that_no_longer_fit(vocab, monkeypatch):
+    """Inside a free string, the same row with the same witness and less room (a plain
+    token taken between): the classes whose suffix still fits keep it unchecked, and only
+    those whose suffix is now too long are sorted again (``_sorted_again``; a UTF-8 lead
+    byte's class owes a continuation byte before the witness). The row is the one a sort
+    from scratch writes, and each of its tokens completes in time."""
+    again = _text_row_again(vocab, monkeypatch)
+    assert again.too_long and again.fits  # (the lead bytes' classes; the plain ones)
+    assert not again.whole and again.classes == again.too_long
+    stack, classes = again.stack, text_classes(vocab)[0]
+    for token in again.row:
+        suffix = stack.safe.get(token, stack.by_class.get(int(classes[token])))
+        assert suffix is not None and 1 + len(suffix) + 1 <= stack.left
+        assert closing_module.completes(stack.inner, [token, *suffix])
+    fresh = _text_row_again(vocab, monkeypatch, resort=False)
+    assert fresh.whole and again.fits <= fresh.classes
+    assert again.row == fresh.row and stack.witness[0] in again.row

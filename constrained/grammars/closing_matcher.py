@@ -37,9 +37,11 @@ and narrowed to exactly its safe tokens otherwise:
   token, so a suffix found once is tried again before walking.
 - **Near, the same row again**: a committed row allowing exactly the tokens of the
   request's last near row, with the same witness (text inside a free string), takes that
-  row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again
-  (outside free text, where equal rows and witnesses need not be equal states, every kept
-  suffix of a narrow row; a wide row is sorted afresh). The same across requests of one
+  row's sort (``_sorted_again``): only kept suffixes that no longer fit are checked again,
+  a wide row's class whose suffix no longer fits by sorting that class alone (its tokens
+  cleared stay cleared; outside free text, where equal rows and witnesses need not be
+  equal states, every kept suffix of a narrow row is checked again, and a wide row is
+  sorted afresh). The same across requests of one
   grammar (``shared_sorts``): a row another request checked with the same words and
   witness, and as much room or more, is taken from the grammar's store (a batch with one
   schema checks the first row inside each string once).
@@ -102,6 +104,7 @@ from constrained.grammars.closing import (
 )
 from constrained.grammars.closing_sorts import (
     Sort,
+    WideRow,
     keep_sort,
     nearest,
     new_sort,
@@ -110,7 +113,6 @@ from constrained.grammars.closing_sorts import (
 )
 from constrained.grammars.matcher import Matcher, MatcherWrapper, row_ids, words_for
 from constrained.grammars.token_shapes import (
-    class_spans,
     hex_finish,
     in_free_text,
     owed_hex_digits,
@@ -723,7 +725,10 @@ class ClosingMatcher(MatcherWrapper):
         when this row allows the same tokens with the same witness, checked with as much
         room or more (text the grammar's state does not count, as plain text inside a free
         string; or another request at the same state): each kept suffix that no longer
-        fits is checked again, a class's by a sort of its own; ``None`` when it differs.
+        fits is checked again, a class's by sorting that class alone (``_sort_class``; the
+        other classes keep their suffixes, the tokens it cleared stay cleared: with less
+        room at the same state none of them completes by a suffix it tried); ``None`` when
+        it differs.
 
         Equal rows and witnesses stand for equal states inside free text only: ``":{"``
         after two keys whose objects differ has the same row and witness (``":{}}``) and
@@ -742,9 +747,26 @@ class ClosingMatcher(MatcherWrapper):
         room = left - 2
         if text and last.longest <= room:
             return last
-        if any(len(suffix) > room for suffix in last.by_class.values()):
-            return None
         safe, unsafe, walks = dict(last.safe), [], Walks()
+        by_class = last.by_class
+        too_long = [key for key, suffix in by_class.items() if len(suffix) > room]
+        if too_long:  # (free text: a row of structure with classes returned above)
+            # Each such class sorted again, as ``_sort_tokens`` sorts it; the others keep
+            # their suffixes (the same state: what completed in time still does).
+            keep = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab.width]
+            keep = keep.astype(bool)
+            keep[self.eos] = False
+            wide = WideRow(self.vocab, words, keep, self._leads(witness), self._remembered)
+            spans = {span[2]: span for span in wide.spans}
+            by_class = {key: suffix for key, suffix in by_class.items() if len(suffix) <= room}
+            for key in too_long:
+                span = spans[key]
+                safe.pop(span[3], None)
+                safe.pop(span[4], None)
+                found = self._sort_class(wide, span, witness, left, safe, walks)
+                if found is not None:
+                    by_class[key] = found
+            unsafe.append(wide.cleared())
         classes = (text_classes if text else token_classes)(self.vocab)[0]
         again = [
             token
@@ -754,9 +776,9 @@ class ClosingMatcher(MatcherWrapper):
         for token in again:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
-                unsafe.append(token)
-        cleared = last.unsafe.plus(unsafe, last.words.size)
-        return new_sort(last.words, witness, left, safe, last.by_class, cleared)
+                unsafe.append(np.asarray([token], np.int64))
+        cleared = last.unsafe.plus(np.concatenate(unsafe) if unsafe else [], last.words.size)
+        return new_sort(last.words, witness, left, safe, by_class, cleared)
 
     def _sort_tokens(
         self, bitmask: torch.Tensor, row: int, witness: list[int], left: int
@@ -777,47 +799,59 @@ class ClosingMatcher(MatcherWrapper):
                     unsafe.append(token)
             return safe, by_class, unsafe
         words = bitmask[row].numpy().view(np.uint32)
-        text = in_free_text(self.vocab, words)
-        remembered = None  # tokens with suffixes of their own (``_remembered``), when needed
-        is_lead = np.zeros(self.vocab.width, dtype=bool)  # one lookup a class, not an isin
-        is_lead[list(self._leads(witness))] = True
-        unchecked: list[np.ndarray] = []  # members past CLASS_CHECKS: cleared
-        # The allowed tokens by class, shortest first.
-        ordered, spans = class_spans(self.vocab, words, keep, text)
-        for begin, end, key, first, last in spans:
-            ends = {first, last}
-            ends_ok = [self._check(t, witness, left, safe, walks, key) for t in ends]
-            if all(found is not None for found in ends_ok):  # they stand for the class
-                by_class[key] = max(ends_ok, key=len)  # type: ignore[arg-type]
-                continue
-            # Its members checked one by one: first those writing the witness's first bytes
-            # (its own first token among them), then up to CLASS_CHECKS others. Inside
-            # free text a class's members differ only in their plain run's length, and the
-            # need after them is monotone in it (a free string: equal; ``minLength``: it
-            # falls; ``maxLength``: it rises): where both ends fail, only the members this
-            # request learnt a suffix of their own for (``_remembered``: their ends do not
-            # try it) are checked besides the leads (an engine's batch of 55 MaskBench
-            # schemas at ``max_tokens`` 64: none of 12,043 member checks kept a token).
-            inner = ordered[begin + 1 : end - 1]
-            lead = is_lead[inner]
-            others = inner[~lead]
-            if text and all(found is None for found in ends_ok):
-                if remembered is None:
-                    remembered = self._remembered()
-                mine = remembered[others]
-                unchecked.append(others[~mine])
-                others = others[mine]  # (a few, or none)
-            checked = inner[lead].tolist() + others[:CLASS_CHECKS].tolist()
-            unsafe += [
-                t for t in checked if self._check(t, witness, left, safe, walks, key) is None
-            ]
-            unchecked.append(others[CLASS_CHECKS:])
-            unsafe += [t for t in {first, last} if t not in safe]
-        # as an array: a wide row near the end clears most of the vocabulary
-        cleared = np.concatenate([np.asarray(unsafe, np.int64), *unchecked])
-        if not text and cleared.size:  # an enum's values: each one's forced rest
+        wide = WideRow(self.vocab, words, keep, self._leads(witness), self._remembered)
+        for span in wide.spans:
+            found = self._sort_class(wide, span, witness, left, safe, walks)
+            if found is not None:
+                by_class[span[2]] = found
+        cleared = wide.cleared()
+        if not wide.text and cleared.size:  # an enum's values: each one's forced rest
             cleared = self._keep_forced(cleared, left, safe)
         return safe, by_class, cleared
+
+    def _sort_class(
+        self,
+        wide: WideRow,
+        span: tuple[int, int, int, int, int],
+        witness: list[int],
+        left: int,
+        safe: dict[int, list[int]],
+        walks: Walks,
+    ) -> list[int] | None:
+        """One class of a wide row: the suffix its ends keep (they stand for it), else
+        ``None``, its members checked one by one where they may differ and the rest left to
+        ``wide`` to clear."""
+        begin, end, key, first, last = span
+        ends = {first, last}
+        ends_ok = [self._check(t, witness, left, safe, walks, key) for t in ends]
+        if all(found is not None for found in ends_ok):  # they stand for the class
+            return max(ends_ok, key=len)  # type: ignore[arg-type]
+        # Its members checked one by one: first those writing the witness's first bytes
+        # (its own first token among them), then up to CLASS_CHECKS others. Inside
+        # free text a class's members differ only in their plain run's length, and the
+        # need after them is monotone in it (a free string: equal; ``minLength``: it
+        # falls; ``maxLength``: it rises): where both ends fail, only the members this
+        # request learnt a suffix of their own for (``_remembered``: their ends do not
+        # try it) are checked besides the leads (an engine's batch of 55 MaskBench
+        # schemas at ``max_tokens`` 64: none of 12,043 member checks kept a token).
+        inner = wide.ordered[begin + 1 : end - 1]
+        both_failed = wide.text and all(found is None for found in ends_ok)
+        if both_failed and not wide.has_special(key):  # (most: no member to check)
+            wide.unchecked.append(inner)
+        else:
+            lead = wide.is_lead[inner]
+            others = inner[~lead]
+            if both_failed:
+                mine = wide.remembered[others]
+                wide.unchecked.append(others[~mine])
+                others = others[mine]  # (a few, or none)
+            checked = inner[lead].tolist() + others[:CLASS_CHECKS].tolist()
+            wide.unsafe += [
+                t for t in checked if self._check(t, witness, left, safe, walks, key) is None
+            ]
+            wide.unchecked.append(others[CLASS_CHECKS:])
+        wide.unsafe += [t for t in ends if t not in safe]
+        return None
 
     def _remembered(self) -> np.ndarray:
         """Which tokens (by id) a check may keep on what this request learnt of that very

@@ -1,8 +1,9 @@
-"""Near rows' sorts (``grammars/closing_matcher.py``): the tokens a sort clears
-(``Cleared``: ids while few, else the row's words as bits), a sort (``Sort``: the row's
-words, witness and room, the kept suffixes, the cleared tokens), and a compiled grammar's
-store of them, shared by its requests (``shared_sorts``: by words and witness, then room;
-a batch with one schema checks the first row inside each string once).
+"""Near rows' sorts (``grammars/closing_matcher.py``): a wide row's sort in progress
+(``WideRow``: its classes, and what it clears), the tokens a sort clears (``Cleared``: ids
+while few, else the row's words as bits), a sort (``Sort``: the row's words, witness and
+room, the kept suffixes, the cleared tokens), and a compiled grammar's store of them,
+shared by its requests (``shared_sorts``: by words and witness, then room; a batch with
+one schema checks the first row inside each string once).
 """
 
 from __future__ import annotations
@@ -10,9 +11,63 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from constrained.grammars.token_shapes import class_spans, in_free_text, text_classes, token_classes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from constrained.grammars.vocab import Vocab
+
+
+class WideRow:
+    """A wide row's sort in progress (``ClosingMatcher._sort_tokens``): its allowed tokens
+    in class order with each class's span (``class_spans``), whether it is free text, the
+    tokens writing the witness's first bytes (``is_lead``), those with a suffix of their
+    own (``remembered``: read when a class first needs them, then kept for the row), and
+    what the sort clears (``unsafe`` ids, ``unchecked`` arrays of them)."""
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        words: np.ndarray,
+        keep: np.ndarray,
+        leads: set[int],
+        remembered: Callable[[], np.ndarray],
+    ) -> None:
+        self.vocab = vocab
+        self.text = in_free_text(vocab, words)
+        self.ordered, self.spans = class_spans(vocab, words, keep, self.text)
+        self.is_lead = np.zeros(vocab.width, dtype=bool)  # one lookup a class, not an isin
+        self.is_lead[list(leads)] = True
+        self._read = remembered
+        self._remembered: np.ndarray | None = None
+        self._special: set[int] | None = None
+        self.unsafe: list[int] = []
+        self.unchecked: list[np.ndarray] = []
+
+    @property
+    def remembered(self) -> np.ndarray:
+        if self._remembered is None:
+            self._remembered = self._read()
+        return self._remembered
+
+    def has_special(self, key: int) -> bool:
+        """Whether some token of class ``key`` is a lead or remembered (then its members
+        are looked at one by one; a class without one is cleared whole, with no pass over
+        its members: a free-text row with no slack clears most of its 40-odd classes)."""
+        if self._special is None:
+            ids = np.flatnonzero(self.is_lead | self.remembered)
+            classes = (text_classes if self.text else token_classes)(self.vocab)[0]
+            self._special = set(classes[ids].tolist())
+        return key in self._special
+
+    def cleared(self) -> np.ndarray:
+        """The tokens this sort clears (int64 ids)."""
+        return np.concatenate([np.asarray(self.unsafe, np.int64), *self.unchecked])
 
 
 class Cleared:
@@ -42,14 +97,16 @@ class Cleared:
             ids = self.ids.astype(np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
 
-    def plus(self, more: list[int], words: int) -> Cleared:
-        if not more:
+    def plus(self, more: list[int] | np.ndarray, words: int) -> Cleared:
+        """These tokens and ``more``, as a new ``Cleared`` (this one is shared)."""
+        more = np.asarray(more, dtype=np.int64)
+        if not more.size:
             return self
         if self.bits is not None:
             grown = Cleared([], words)
-            grown.ids, grown.bits = None, _set_bits(self.bits.copy(), np.asarray(more, np.int64))
+            grown.ids, grown.bits = None, _set_bits(self.bits.copy(), more)
             return grown
-        return Cleared(np.concatenate([self.ids, np.asarray(more, dtype=np.int32)]), words)
+        return Cleared(np.concatenate([self.ids.astype(np.int64), more]), words)
 
 
 _PACK_FROM = 1024  # ids from which ``_set_bits`` packs booleans rather than ``.at``
