@@ -673,12 +673,9 @@ NOTE = {  # a free string with a member after it: the witness inside it takes a 
 }
 
 
-def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...] = ()):
-    """A stack inside ``NOTE``'s free string: its row sorted once, one plain token taken,
-    then the row sorted from scratch with no slack (the witness takes all the room but
-    end-of-sequence), the tokens that second row checks recorded. ``remembered``: tokens
-    given a suffix of their own first (``recent``, as a walk's find after them leaves).
-    The stack, the row, the tokens checked."""
+def _inside_a_note(vocab, compiled) -> ClosingMatcher:
+    """A stack that took ``{"note":"x`` of ``NOTE`` (the shared store emptied), with room
+    for the witness from there and end-of-sequence, nothing more."""
     from constrained.grammars.closing_sorts import forget_shared_sorts
 
     forget_shared_sorts()
@@ -688,9 +685,18 @@ def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...]
     inside = find_witness(matcher, vocab, 64)
     rest = find_witness(compiled.matcher(), vocab, 64)
     assert rest is not None and inside is not None
-    budget = len(prefix) + 1 + 2 + len(inside) - 1
-    stack = ClosingMatcher(compiled.matcher(), vocab, budget, [rest])
+    stack = ClosingMatcher(compiled.matcher(), vocab, len(prefix) + 2 + len(inside), [rest])
     assert stack.consume(prefix)
+    return stack
+
+
+def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...] = ()):
+    """A stack inside ``NOTE``'s free string: its row sorted once, one plain token taken,
+    then the row sorted from scratch with no slack (the witness takes all the room but
+    end-of-sequence), the tokens that second row checks recorded. ``remembered``: tokens
+    given a suffix of their own first (``recent``, as a walk's find after them leaves).
+    The stack, the row, the tokens checked."""
+    stack = _inside_a_note(vocab, compiled)
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     stack.fill(bitmask, 0)
     assert stack.consume(ids(vocab, b"y"))
@@ -808,18 +814,7 @@ def _text_row_again(vocab, monkeypatch, resort: bool = True):
     row whole."""
     from types import SimpleNamespace
 
-    from constrained.grammars.closing_sorts import forget_shared_sorts
-
-    forget_shared_sorts()
-    compiled = grammar(vocab, NOTE)
-    prefix = vocab.hf_tokenizer.encode('{"note":"x', add_special_tokens=False)
-    matcher = compiled.matcher()
-    assert matcher.consume(prefix)
-    inside = find_witness(matcher, vocab, 64)
-    rest = find_witness(compiled.matcher(), vocab, 64)
-    assert rest is not None and inside is not None
-    stack = ClosingMatcher(compiled.matcher(), vocab, len(prefix) + 2 + len(inside), [rest])
-    assert stack.consume(prefix)
+    stack = _inside_a_note(vocab, grammar(vocab, NOTE))
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     stack.fill(bitmask, 0)  # no slack: the witness's rest takes all the room
     room = stack.left - 2 - 1  # after the plain token below
