@@ -748,14 +748,12 @@ class ClosingMatcher(MatcherWrapper):
         if text and last.longest <= room:
             return last
         safe, unsafe, walks = dict(last.safe), [], Walks()
-        by_class = last.by_class
+        by_class, resorted = last.by_class, np.zeros(0, np.int64)
         too_long = [key for key, suffix in by_class.items() if len(suffix) > room]
         if too_long:  # (free text: a row of structure with classes returned above)
             # Each such class sorted again, as ``_sort_tokens`` sorts it; the others keep
             # their suffixes (the same state: what completed in time still does).
-            keep = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab.width]
-            keep = keep.astype(bool)
-            keep[self.eos] = False
+            keep = self._checkable(words)
             wide = WideRow(self.vocab, words, keep, self._leads(witness), self._remembered)
             spans = {span[2]: span for span in wide.spans}
             by_class = {key: suffix for key, suffix in by_class.items() if len(suffix) <= room}
@@ -766,7 +764,7 @@ class ClosingMatcher(MatcherWrapper):
                 found = self._sort_class(wide, span, witness, left, safe, walks)
                 if found is not None:
                     by_class[key] = found
-            unsafe.append(wide.cleared())
+            resorted = wide.cleared()
         classes = (text_classes if text else token_classes)(self.vocab)[0]
         again = [
             token
@@ -776,9 +774,18 @@ class ClosingMatcher(MatcherWrapper):
         for token in again:
             del safe[token]
             if self._check(token, witness, left, safe, walks, int(classes[token])) is None:
-                unsafe.append(np.asarray([token], np.int64))
-        cleared = last.unsafe.plus(np.concatenate(unsafe) if unsafe else [], last.words.size)
+                unsafe.append(token)
+        more = np.concatenate([resorted, np.asarray(unsafe, np.int64)])
+        cleared = last.unsafe.plus(more, last.words.size)
         return new_sort(last.words, witness, left, safe, by_class, cleared)
+
+    def _checkable(self, words: np.ndarray) -> np.ndarray:
+        """A near row's tokens to check, as booleans by id: those its ``words`` allow, but
+        end-of-sequence (the layers below allow it only where the output is complete)."""
+        keep = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab.width]
+        keep = keep.astype(bool)
+        keep[self.eos] = False
+        return keep
 
     def _sort_tokens(
         self, bitmask: torch.Tensor, row: int, witness: list[int], left: int
@@ -786,8 +793,8 @@ class ClosingMatcher(MatcherWrapper):
         """The allowed tokens checked to keep a completion within ``left`` (with their
         suffixes), the wide row's classes kept on their ends' word (with the longer end's
         suffix), and the tokens that do not keep one (or were not checked)."""
-        keep = allowed_ids(bitmask[row], self.vocab.width)
-        keep[self.eos] = False  # the layers below allow it only if complete
+        words = bitmask[row].numpy().view(np.uint32)
+        keep = self._checkable(words)
         safe: dict[int, list[int]] = {}
         by_class: dict[int, list[int]] = {}
         unsafe: list[int] = []
@@ -798,7 +805,6 @@ class ClosingMatcher(MatcherWrapper):
                 if self._check(token, witness, left, safe, walks) is None:
                     unsafe.append(token)
             return safe, by_class, unsafe
-        words = bitmask[row].numpy().view(np.uint32)
         wide = WideRow(self.vocab, words, keep, self._leads(witness), self._remembered)
         for span in wide.spans:
             found = self._sort_class(wide, span, witness, left, safe, walks)
