@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 from vllm import SamplingParams
@@ -476,6 +477,47 @@ def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
     del grammars, grammar
     gc.collect()
     assert last not in closing_sorts._SHARED and last not in closing_sorts._WATCHED
+
+
+def test_every_grammars_store_holds_its_rows_within_one_memory_bound(monkeypatch):
+    """A mixed batch (55 schemas) keeps each grammar's near rows for its later requests
+    (``shared_sorts``: not only the last 2 grammars' rows); what all stores hold together
+    stays within ``SHARED_BYTES``, the least recently kept rows going first, and a grammar
+    that dies takes its rows' memory with it."""
+    import gc
+
+    from constrained.grammars import closing_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts, keep_sort, new_sort
+
+    class Grammar:
+        history = False
+
+    forget_shared_sorts()
+    words = np.zeros(words_for(WIDTH), dtype=np.uint32)
+
+    def sort(witness: int, left: int):  # a wide row's sort: most of the row cleared
+        return new_sort(words.copy(), [witness], left, {1: [witness]}, {}, np.arange(WIDTH // 2))
+
+    one_row = closing_sorts._row_bytes({9: sort(0, 9)})
+    monkeypatch.setattr(closing_sorts, "SHARED_BYTES", 6 * one_row)
+    grammars = [Grammar() for _ in range(4)]
+    stores = [closing_sorts.shared_sorts(grammar) for grammar in grammars]
+    for witness in range(3):  # 3 rows a grammar, 12 in all: the last 6 stay
+        for store in stores:
+            keep_sort(store, sort(witness, 9))
+    held = [(id(store), key) for store in stores for key in store]
+    assert len(held) == 6 and closing_sorts._HELD <= closing_sorts.SHARED_BYTES
+    assert sorted(key[0][0] for _, key in held) == [1, 1, 2, 2, 2, 2]  # the latest kept
+    assert {slot[0] for slot in held} == {id(store) for store in stores}  # 4 grammars' rows
+    assert sum(held_bytes for _, held_bytes in closing_sorts._ROWS.values()) == closing_sorts._HELD
+    keep_sort(stores[0], sort(2, 12))  # another room of a kept row: counted, not a new row
+    assert len(stores[0][((2,), hash(words.tobytes()))]) == 2
+    assert closing_sorts._HELD <= closing_sorts.SHARED_BYTES
+    before = closing_sorts._HELD
+    del grammars, stores
+    gc.collect()
+    assert before > closing_sorts._HELD and not closing_sorts._SHARED
+    forget_shared_sorts()
 
 
 def _object_of(key: str) -> dict:

@@ -166,7 +166,8 @@ def sort_key(witness: list[int], words: np.ndarray) -> tuple:
 def keep_sort(store: OrderedDict, sort: Sort, key: tuple | None = None) -> None:
     """Keep ``sort`` in a grammar's store, by its key (``sort_key``) then its room; the most
     recently kept ``SHARED_SORTS`` rows, each at its ``SHARED_LEFTS`` largest rooms (the
-    least room goes first)."""
+    least room goes first); and in all grammars' stores together, the most recently kept
+    rows that fit ``SHARED_BYTES``."""
     if key is None:
         key = sort_key(sort.witness, sort.words)
     by_left = store.get(key)
@@ -179,7 +180,39 @@ def keep_sort(store: OrderedDict, sort: Sort, key: tuple | None = None) -> None:
         del by_left[min(by_left)]
     store.move_to_end(key)
     if len(store) > SHARED_SORTS:
-        store.popitem(last=False)
+        old, _ = store.popitem(last=False)
+        _forget_row((id(store), old))
+    _keep_row(store, key, by_left)
+
+
+def _row_bytes(by_left: dict[int, Sort]) -> int:
+    """About what a store's row holds: its words (one array for all its rooms), each
+    room's cleared tokens and kept suffixes."""
+    held = next(iter(by_left.values())).words.nbytes if by_left else 0
+    for sort in by_left.values():
+        cleared = sort.unsafe.ids if sort.unsafe.ids is not None else sort.unsafe.bits
+        held += cleared.nbytes + _ENTRY_BYTES * (len(sort.safe) + len(sort.by_class))
+    return held
+
+
+def _keep_row(store: OrderedDict, key: tuple, by_left: dict[int, Sort]) -> None:
+    global _HELD
+    slot = (id(store), key)
+    _forget_row(slot)
+    held = _row_bytes(by_left)
+    _ROWS[slot] = (store, held)
+    _HELD += held
+    while _HELD > SHARED_BYTES and len(_ROWS) > 1:  # the least recently kept row goes
+        (_, old), (owner, _) = next(iter(_ROWS.items()))
+        owner.pop(old, None)
+        _forget_row((id(owner), old))
+
+
+def _forget_row(slot: tuple) -> None:
+    global _HELD
+    kept = _ROWS.pop(slot, None)
+    if kept is not None:
+        _HELD -= kept[1]
 
 
 def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
@@ -193,14 +226,23 @@ def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
     return found
 
 
-SHARED_GRAMMARS = 2  # grammars whose stores are kept (the most recently used)
+SHARED_GRAMMARS = 256  # grammars whose stores are kept (the most recently used) ...
+SHARED_BYTES = 48 << 20  # ... and about the memory all their rows may hold together
+_ENTRY_BYTES = 160  # about what a kept suffix holds (a dict entry, a short list of ints)
+# Every store's rows, least recently kept first: (id(store), key) -> (the store, its bytes);
+# a store stays alive while it holds a row here.
+_ROWS: OrderedDict[tuple[int, tuple], tuple[OrderedDict, int]] = OrderedDict()
+_HELD = 0  # the bytes of the rows in ``_ROWS``
 _SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
 _WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
 
 
 def _forget(key: int) -> None:
-    _SHARED.pop(key, None)
+    store = _SHARED.pop(key, None)
     _WATCHED.discard(key)
+    if store:  # its rows' memory goes with the grammar
+        for slot in [slot for slot in _ROWS if slot[0] == id(store)]:
+            _forget_row(slot)
 
 
 def shared_sorts(grammar: Any) -> OrderedDict | None:
@@ -227,4 +269,7 @@ def shared_sorts(grammar: Any) -> OrderedDict | None:
 
 def forget_shared_sorts() -> None:
     """Empty every grammar's store (benchmarks time each round from a cold store)."""
+    global _HELD
     _SHARED.clear()
+    _ROWS.clear()
+    _HELD = 0
