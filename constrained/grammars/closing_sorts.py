@@ -3,7 +3,8 @@
 while few, else the row's words as bits), a sort (``Sort``: the row's words, witness and
 room, the kept suffixes, the cleared tokens), and a compiled grammar's store of them,
 shared by its requests (``shared_sorts``: by words and witness, then room; a batch with
-one schema checks the first row inside each string once).
+one schema checks the first row inside each string once; all grammars' stores together
+within ``SHARED_BYTES``).
 """
 
 from __future__ import annotations
