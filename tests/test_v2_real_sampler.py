@@ -79,7 +79,9 @@ MINIMUMS: dict[str, dict[str, int]] = {
     },
     "budget_closing": {
         "constrained_rows": 1800,
-        "narrowed_rows": 700,
+        # (765 before every grammar kept its near rows' checks, 679 since, 2026-11-29: the
+        # outputs, and so the rows, differ; every request still ends complete by its budget)
+        "narrowed_rows": 600,
         "closing_draft_rows": 140,
         "finished": 22,
         "finished_at_budget": 4,
