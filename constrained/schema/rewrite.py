@@ -37,23 +37,27 @@ from __future__ import annotations
 
 import bisect
 import copy
-import decimal
 import functools
 import json
-import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from jsonschema import validators
 
 from constrained.errors import GrammarError
+from constrained.schema.finite_values import (
+    DRAFTS,
+    finite_candidates,
+    judged_exactly,
+    same_regex,
+    valid_values,
+)
 from constrained.schema.negation import (
     KINDS,
     all_of,
     any_of,
     apart,
     closed_keys,
-    conjuncts,
     kinds_of,
     lacks,
     literal,
@@ -71,13 +75,11 @@ from constrained.schema.walk import (
     local_refs_at,
     map_subschemas,
     nested_resources,
-    reachable_subschemas,
     resolve_pointer,
 )
 
 T = TypeVar("T")
 MAX_ONE_OF_BRANCHES = 8  # oneOf by negation costs n² negations
-MAX_FINITE_VALUES = 1000  # values of an enum judged one by one
 
 
 @functools.lru_cache(maxsize=256)
@@ -115,13 +117,13 @@ def rewrite_schema(schema: Any) -> Any:
     if _uses_unevaluated(schema):
         return schema
     original = schema
-    schema = _in_its_draft(copy.deepcopy(schema))
+    schema = in_its_draft(copy.deepcopy(schema))
     if schema is None:
         return original
     return _Rewriter(schema, original).node(schema, "#")
 
 
-def _in_its_draft(schema: Any) -> Any | None:
+def in_its_draft(schema: Any) -> Any | None:
     """``schema`` without the keywords later drafts than its declared ``$schema`` introduced.
 
     Those assert nothing in that draft (``const`` in draft 4, ``if`` in draft 6,
@@ -221,7 +223,7 @@ class _Rewriter:
         node = resolve_pointer(self.original, path) if self.one_resource else None
         if not isinstance(node, dict) or not set(node) - _PLAIN_BESIDE_ENUM:
             return None  # nothing but the enum, its type and annotations: nothing to judge
-        candidates = _candidates(node, self.original)
+        candidates = finite_candidates(node, self.original)
         if candidates is None:
             return None
         dropped = [f"{path}/{escape_pointer(k)}" for k in node if k not in _KEPT_BESIDE_ENUM]
@@ -229,21 +231,21 @@ class _Rewriter:
             not _within(source, dropped) for prefix in dropped for source in self._refs_into(prefix)
         ):
             return None  # a $ref from outside points into what the enum replaces
-        if not _judged_exactly(node, self.original, candidates):
+        if not judged_exactly(node, self.original, candidates):
             return None
-        return _valid_values(node, self.original, candidates)
+        return valid_values(node, self.original, candidates)
 
     def _failing(self, given: Any, path: str) -> Any | None:
         """The instances of ``given`` that the subschema at ``path`` (as written) rejects,
         when ``given`` bounds them to the values of an ``enum`` or ``const`` and each can be
         judged exactly (``_finite``): ``{"enum": those failing}``; ``None`` otherwise."""
         schema = resolve_pointer(self.original, path) if self.one_resource else None
-        candidates = _candidates(given, self.root)
+        candidates = finite_candidates(given, self.root)
         if schema is None or candidates is None:
             return None
-        if not _judged_exactly(schema, self.original, candidates):
+        if not judged_exactly(schema, self.original, candidates):
             return None
-        valid = _valid_values(schema, self.original, candidates)
+        valid = valid_values(schema, self.original, candidates)
         if valid is None:
             return None
         failing = [v for v in candidates if not any(v is w for w in valid)]
@@ -322,7 +324,7 @@ class _Rewriter:
         if properties and additional not in (True, {}):
             return None  # additional would now also apply to listed keys matching it
         pattern = names.get("pattern")
-        if pattern is not None and not _same_regex(pattern, list(properties)):
+        if pattern is not None and not same_regex(pattern, list(properties)):
             return None  # Python and ECMA-262 might judge a listed key differently
         check = validators.Draft202012Validator(names)
         del schema[keyword]
@@ -363,14 +365,7 @@ class _Rewriter:
         return [any_of(exclusive)]
 
 
-# Without a ``$schema``, every keyword is enforced whichever draft defined it (``const``,
-# ``if``... as the rewrite rules do): values are kept where these drafts agree.
-_DRAFTS = (
-    validators.Draft7Validator,
-    validators.Draft201909Validator,
-    validators.Draft202012Validator,
-)
-_DRAFT_ORDER = (validators.Draft4Validator, validators.Draft6Validator, *_DRAFTS)
+_DRAFT_ORDER = (validators.Draft4Validator, validators.Draft6Validator, *DRAFTS)
 
 
 _NEGATING = frozenset({"not", "if", "oneOf"})  # keywords the rules rewrite by negation
@@ -399,149 +394,11 @@ def _introduced_after(draft: Any) -> frozenset[str]:
 
 _PLAIN_BESIDE_ENUM = ANNOTATIONS | {"enum", "const", "type"}
 _KEPT_BESIDE_ENUM = ANNOTATIONS  # ``$defs`` / ``definitions`` stay for the $refs into them
-# Keywords whose verdict ``jsonschema`` may give differently from the backends (regex
-# dialects, format checkers, floating-point ``multipleOf``) or not at all (remote references,
-# dynamic scopes): a finite node using them is left to the other rules.
-_NOT_JUDGED = frozenset(
-    {"format", "$dynamicRef", "$recursiveRef", "unevaluatedProperties", "unevaluatedItems"}
-)
-
-
-def _candidates(schema: Any, root: Any) -> list[Any] | None:
-    """The fewest values an ``enum`` / ``const`` among ``schema``'s conjuncts allows (every
-    instance is one of them), at most ``MAX_FINITE_VALUES``; ``None`` if none bounds them."""
-    found = None
-    for conjunct in conjuncts(schema, root):
-        values = values_of(conjunct) if isinstance(conjunct, dict) else None
-        if values is not None and (found is None or len(values) < len(found)):
-            found = values
-    return found if found is not None and len(found) <= MAX_FINITE_VALUES else None
-
-
-def _judged_exactly(node: dict, root: Any, candidates: list[Any]) -> bool:
-    """``jsonschema`` judges ``candidates`` against ``node`` as the backends would: no
-    keyword of ``_NOT_JUDGED`` (an unknown ``format`` asserts nothing), local ``$ref``s only,
-    integral ``multipleOf`` over integers only, and patterns only where ECMA-262 and Python
-    agree (``_same_regex``) on strings without line breaks."""
-    strings = [text for value in candidates for text in _strings_in(value)]
-    for _, sub in reachable_subschemas(node, root):
-        for keyword, value in sub.items():
-            if keyword in _NOT_JUDGED and not (keyword == "format" and is_unknown_format(value)):
-                return False
-            if keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-                return False
-            if keyword in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
-                return False  # draft 4's meaning, which later drafts would misread
-            if keyword == "multipleOf" and not _exact_multiples(value, candidates):
-                return False
-            patterns = [value] if keyword == "pattern" else []
-            if keyword in ("patternProperties",) and isinstance(value, dict):
-                patterns = list(value)
-            if patterns and not all(_same_regex(p, strings) for p in patterns):
-                return False
-    return True
-
-
-def _exact_multiples(divisor: Any, candidates: list[Any]) -> bool:
-    """``jsonschema`` (floating point) tells, for every number in ``candidates``, whether it
-    is a multiple of ``divisor`` as the decimal numbers written are."""
-    if not is_number(divisor) or divisor <= 0:
-        return False
-    numbers = [v for v in _leaves(candidates) if is_number(v)]
-    if is_int(divisor) and all(is_int(v) for v in numbers):
-        return True  # integer remainders: exact
-    check = validators.Draft202012Validator({"multipleOf": divisor})
-    try:
-        with decimal.localcontext() as exact:
-            exact.prec = 1000
-            step = decimal.Decimal(repr(divisor))
-            return all(check.is_valid(v) == (decimal.Decimal(repr(v)) % step == 0) for v in numbers)
-    except (ArithmeticError, ValueError):
-        return False
 
 
 def _within(pointer: str, prefixes: list[str]) -> bool:
     """``pointer`` is one of ``prefixes`` or inside one."""
     return any(pointer == p or pointer.startswith(p + "/") for p in prefixes)
-
-
-# Read differently by Python's ``re``: its extensions (``(?``, possessive quantifiers), ``{,n}``
-# (a quantifier in Python only), nested sets, and ``[]`` / ``[^]`` (an empty class and any
-# character in ECMA-262, the start of a class holding ``]`` in Python).
-_PYTHON_ONLY = ("(?", "*+", "++", "?+", "}+", "{,", "[[", "[]", "[^]")
-
-
-def _same_regex(pattern: Any, strings: list[str]) -> bool:
-    """Python's ``re.search`` and ECMA-262 agree on ``pattern`` over ``strings``: printable
-    strings of the Basic Multilingual Plane (no line break: ``.`` and ``$`` differ there;
-    one UTF-16 unit per character), and a pattern of such literals, ``.``, classes, groups,
-    alternation, quantifiers and anchors only: no escape of a letter or digit (``\\d``,
-    ``\\s``, ``\\b``... differ), none of ``_PYTHON_ONLY``."""
-    if not isinstance(pattern, str) or not _bmp_printable(pattern):
-        return False
-    if any(text in pattern for text in _PYTHON_ONLY):
-        return False
-    if re.search(r"\\[A-Za-z0-9]", pattern):
-        return False
-    return all(_bmp_printable(text) for text in strings)
-
-
-def _bmp_printable(text: str) -> bool:
-    return text.isprintable() and all(ord(ch) <= 0xFFFF for ch in text)
-
-
-def _valid_values(node: dict, root: Any, candidates: list[Any]) -> list[Any] | None:
-    """The candidates ``node`` accepts, judged with the root's draft, or the drafts of
-    ``_DRAFTS`` in agreement; ``None`` when they disagree or ``jsonschema`` cannot judge."""
-    known = (
-        validators.validator_for(root, default=None)
-        if isinstance(root, dict) and isinstance(root.get("$schema"), str)
-        else None
-    )
-    drafts = [known] if known is not None else list(_DRAFTS)
-    kept = []
-    try:
-        checks = [cls(root).evolve(schema=node) for cls in drafts]
-        for value in candidates:
-            verdicts = {check.is_valid(value) for check in checks}
-            if len(verdicts) > 1:
-                return None
-            if verdicts.pop():
-                kept.append(value)
-    except Exception:  # a schema one draft cannot read (booleans in draft 4...)
-        return None
-    return kept
-
-
-def _leaves(values: list[Any]) -> list[Any]:
-    """Every scalar inside ``values``."""
-    found: list[Any] = []
-    stack = list(values)
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-        else:
-            found.append(value)
-    return found
-
-
-def _strings_in(value: Any) -> list[str]:
-    """Every string inside a JSON value, object keys included."""
-    found: list[str] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            found.append(item)
-        elif isinstance(item, dict):
-            found.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return found
 
 
 def _uri_reference() -> str:
