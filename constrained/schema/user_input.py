@@ -2,8 +2,9 @@
 
 Accepted: JSON text, a dict (or ``true``/``false``), or a pydantic model class. Refused, with
 the reason: text that is not JSON, a schema its draft's meta-schema rejects, a schema larger
-than ``CONSTRAINED_MAX_SCHEMA_BYTES`` (default 4 MiB) or nested deeper than 128 levels, and
-local ``$ref`` chains that loop without describing anything.
+than ``CONSTRAINED_MAX_SCHEMA_BYTES`` (default 4 MiB) or nested deeper than 128 levels,
+local ``$ref`` chains that loop without describing anything, and a schema no value satisfies
+(``satisfiable.no_instance``: the message names the keywords that contradict).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from constrained.schema.satisfiable import no_instance
 from constrained.schema.walk import iter_subschemas, local_refs, resolve_pointer
 from constrained.settings import settings
 
@@ -57,6 +59,9 @@ def _checked(text: str) -> str:
     value = json.loads(text)
     _check_meta_schema(value)
     _check_ref_loops(value)
+    contradiction = no_instance(value)
+    if contradiction is not None:
+        raise ValueError(contradiction.message())
     return text
 
 
