@@ -166,11 +166,24 @@ def engine_applies(model_config: Any, vllm_config: Any = None) -> tuple[frozense
     the flag's processors and the installed entry points vLLM builds here)."""
     from constrained.plugin import applied_options
 
+    return applied_options(_engine_config(model_config, vllm_config))
+
+
+def keys_of_others(model_config: Any, vllm_config: Any = None) -> frozenset[str] | None:
+    """The ``extra_args`` keys this engine's processors that are not ours read; ``None``
+    when one of them is a processor whose keys we do not know
+    (``plugin.keys_of_other_processors``)."""
+    from constrained.plugin import keys_of_other_processors
+
+    return keys_of_other_processors(_engine_config(model_config, vllm_config))
+
+
+def _engine_config(model_config: Any, vllm_config: Any) -> Any:
     if vllm_config is None:  # only the model config known: the flag's list, entry points
         from types import SimpleNamespace
 
         vllm_config = SimpleNamespace(model_config=model_config)
-    return applied_options(vllm_config)
+    return vllm_config
 
 
 # ---- constraints ------------------------------------------------------------------------------
@@ -256,8 +269,10 @@ def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: i
         raise OptionError(
             "max_tokens",
             f"is {max_tokens}, and no complete output of this {kind} was found within "
-            f"{ROOT_WITNESS_TOKENS} tokens; raise max_tokens, or set "
-            "close_at_max_tokens=false to let the output be cut at max_tokens",
+            f"{ROOT_WITNESS_TOKENS} tokens: the {kind} may have no valid instance at all "
+            "(keywords no value satisfies together), or need more tokens than that; check "
+            "it, raise max_tokens, or set close_at_max_tokens=false to let the output be cut "
+            "at max_tokens",
         )
     needed = marker + len(witness) + 1  # and end-of-sequence
     if needed > max_tokens:
@@ -295,7 +310,8 @@ def admit(params: Any, model_config: Any, tokenizer: Any = None, vllm_config: An
         OptionError: the first problem, naming the option.
     """
     width = int(model_config.get_vocab_size())
-    options = options_from_params(params, logits_width=width)
+    others = keys_of_others(model_config, vllm_config)
+    options = options_from_params(params, logits_width=width, others=others)
     _check(options, model_config, tokenizer, params, vllm_config)
 
 
@@ -444,7 +460,8 @@ def check_xargs(
     try:
         marker = thinking_ends(vllm_config, tokenizer).marker
         xargs = with_default_reasoning_end(xargs, marker) or xargs  # as admission will
-        options = parse_extra_args(xargs, logits_width=width)
+        others = keys_of_others(model_config, vllm_config) if model_config is not None else None
+        options = parse_extra_args(xargs, logits_width=width, others=others)
         if model_config is not None:
             _check(options, model_config, tokenizer, budget, vllm_config)
     except OptionError as exc:
@@ -464,7 +481,7 @@ def options_for_engine(params: Any, logits_width: int) -> Options | None:
     Raises:
         OptionError: as ``options_from_params`` (admission refused it already).
     """
-    if not keys_need_admission(getattr(params, "extra_args", None)):
+    if not uses_our_options(getattr(params, "extra_args", None)):
         return None  # no option of ours: nothing to parse or remember
     hit = _engine_parses.get(params)
     if hit is not None and hit[0] == logits_width:
@@ -482,37 +499,97 @@ def options_for_engine(params: Any, logits_width: int) -> Options | None:
 
 # ---- parsing a request ------------------------------------------------------------------------
 
-# Keys vLLM itself reads from extra_args (KV/EC transfer, KV report, sessions): never refused.
+# Keys vLLM 0.32 itself reads from ``SamplingParams.extra_args`` (never refused):
+# KV / encoder-cache transfer and the KV cache report (``v1/request.py``, the OpenAI
+# protocols), the session of ``vllm_xargs`` (``entrypoints/generate/base/serving.py``) and
+# the diffusion models' canvas (``utils/diffusion.py``, ``models/diffusion_gemma.py``).
+# DeepSeek-OCR's processor's keys are our aliases (``VLLM_OCR_ALIASES``).
 VLLM_EXTRA_ARGS_KEYS = frozenset(
-    {"kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id"}
-)
+    {
+        "kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id",
+        "diffusion_canvas_length", "diffusion_constrained", "diffusion_max_steps",
+        "diffusion_pinned", "diffusion_read_only", "diffusion_seed_canvas",
+    }
+)  # fmt: skip
 ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
+UNKNOWN_KEYS_ENV = "CONSTRAINED_UNKNOWN_EXTRA_ARGS"
 
+# Other engines' names for our options (llama.cpp / Ollama, Hugging Face transformers,
+# KoboldCpp, text-generation-webui, vLLM's older guided decoding): named in the
+# "did you mean" of an unknown key, never accepted as ours.
+FOREIGN_NAMES: dict[str, tuple[str, str]] = {
+    "repeat_penalty": ("repetition_penalty", "llama.cpp"),
+    "rep_pen": ("repetition_penalty", "KoboldCpp"),
+    "repeat_last_n": ("penalty_last_n", "llama.cpp"),
+    "rep_pen_range": ("penalty_last_n", "KoboldCpp"),
+    "repetition_penalty_range": ("penalty_last_n", "text-generation-webui"),
+    "no_repeat_ngram": ("no_repeat_ngram_size", "a short form"),
+    "encoder_no_repeat_ngram_size": ("no_repeat_ngram_size", "transformers (for the prompt)"),
+    "top_nsigma": ("top_n_sigma", "llama.cpp"),
+    "nsigma": ("top_n_sigma", "KoboldCpp"),
+    "typical": ("typical_p", "llama.cpp's --typical"),
+    "typ_p": ("typical_p", "a short form"),
+    "sequence_bias": ("logit_bias", "transformers"),
+    "guided_json": ("json_schema", "vLLM's older guided decoding"),
+    "guided_regex": ("regex", "vLLM's older guided decoding"),
+    "guided_grammar": ("grammar", "vLLM's older guided decoding"),
+    "guided_choice": ("choice", "vLLM's older guided decoding"),
+    "json": ("json_schema", "a short form"),
+    "schema": ("json_schema", "a short form"),
+}
 
 # How close a key must be to one of our option names to be taken for a typo of it.
 NEAR_MISS = 0.75
 
 
+def _normal(key: str) -> str:
+    return key.strip().lower().replace("-", "_").replace(" ", "_")
+
+
 def near_miss(key: str) -> str | None:
-    """The option of ours ``key`` is probably a typo of (case, hyphens, spaces, or a close
-    spelling), or ``None``."""
+    """The option of ours ``key`` is probably meant as: a typo (case, hyphens, spaces, or a
+    close spelling), or another engine's name for it (``FOREIGN_NAMES``); else ``None``."""
     names = [*Options.model_fields, *VLLM_OCR_ALIASES]
-    normal = key.strip().lower().replace("-", "_").replace(" ", "_")
+    normal = _normal(key)
     if normal in names:
         return normal
+    if normal in FOREIGN_NAMES:
+        return FOREIGN_NAMES[normal][0]
     hint = difflib.get_close_matches(normal, names, n=1, cutoff=NEAR_MISS)
     return hint[0] if hint else None
+
+
+def did_you_mean(key: str) -> str:
+    """The "did you mean" sentence for an unknown key, or ``""``."""
+    hint = near_miss(key)
+    if hint is None:
+        return ""
+    foreign = FOREIGN_NAMES.get(_normal(key))
+    origin = f" ({foreign[1]}'s name for it is '{key}')" if foreign else ""
+    return f" Did you mean '{hint}'{origin}?"
 
 
 # Every extra_args key that sets one of our options (an option's name, or its alias).
 OPTION_KEYS = frozenset(Options.model_fields) | frozenset(VLLM_OCR_ALIASES)
 
 
+def uses_our_options(extra_args: Mapping[str, Any] | None) -> bool:
+    """Whether ``extra_args`` sets one of our options (what the engine side reads: admission
+    already refused every key it would not pass)."""
+    if not extra_args:
+        return False
+    try:
+        return not OPTION_KEYS.isdisjoint(extra_args)
+    except TypeError:  # not a mapping of hashable keys: the parse says what is wrong
+        return True
+
+
 def keys_need_admission(extra_args: Mapping[str, Any] | None) -> bool:
     """Whether ``extra_args`` has a key admission looks at: one of ours, or one
-    ``refuse_unknown_keys`` refuses (a near miss of ours, or any unknown key with
-    ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=refuse``). The other keys are vLLM's own or another
-    plugin's: a request with only those uses none of our options."""
+    ``refuse_unknown_keys`` may refuse (any key that is not vLLM's nor allowed: whether
+    another processor of the engine reads it is decided there; with
+    ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=pass``, near misses of ours only). A request with
+    only vLLM's or allowed keys uses none of our options."""
     if not extra_args:
         return False
     current = settings()
@@ -539,8 +616,8 @@ _KEY_VERDICTS_MAX = 4096
 
 
 def _key_needs_admission(key: Any, current: Any) -> bool:
-    """Whether an ``extra_args`` key is ours or refused by ``refuse_unknown_keys`` under the
-    settings ``current`` (remembered: a request's keys are few, and recur)."""
+    """Whether an ``extra_args`` key is ours or may be refused by ``refuse_unknown_keys``
+    under the settings ``current`` (remembered: a request's keys are few, and recur)."""
     global _key_verdicts
     owner, verdicts = _key_verdicts
     if owner is not current:
@@ -560,48 +637,61 @@ def _decide_key(key: Any, current: Any) -> bool:
     allowed = current.allowed_extra_args
     if allowed is None or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
         return False
-    return current.refuse_unknown_extra_args or near_miss(str(key)) is not None
+    if current.unknown_extra_args == "pass":
+        return near_miss(str(key)) is not None
+    return True
 
 
-def refuse_unknown_keys(extra_args: Mapping[str, Any]) -> None:
-    """Refuse a key that looks like a typo of one of ours; pass the keys that are nobody's
-    we know (another plugin's processors read them; vLLM passes ``extra_args`` through).
+def refuse_unknown_keys(
+    extra_args: Mapping[str, Any], others: frozenset[str] | None = None
+) -> None:
+    """Refuse a key nobody will read, or one that looks like a typo of ours.
 
-    A key is accepted when it is ours, vLLM's, or declared for another plugin
-    (``CONSTRAINED_ALLOWED_EXTRA_ARGS``). Otherwise it is refused when it is a near miss of
-    one of our names ("did you mean"), and, with ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=refuse``,
-    whatever it is.
+    A key is accepted when it is ours, vLLM's (``VLLM_EXTRA_ARGS_KEYS``), declared for
+    another plugin (``CONSTRAINED_ALLOWED_EXTRA_ARGS``), or read by another processor of the
+    engine (``others``: the keys of the processors it builds that are not ours, ``None``
+    when one of them is a processor whose keys we do not know). Any other key is refused
+    ("did you mean" where it is close to one of ours) when ``others`` is known (no processor
+    of the engine would read it), and, whatever ``others``, when it is a near miss of one of
+    our names. ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=pass`` / ``refuse`` overrides the first rule.
     """
-    allowed = settings().allowed_extra_args
+    current = settings()
+    allowed = current.allowed_extra_args
     if allowed is None:  # "*": any key
         return
     for key in extra_args:
-        if key in Options.model_fields or key in VLLM_OCR_ALIASES:
+        if key in OPTION_KEYS or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
             continue
-        if key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
+        if others is not None and key in others:
             continue
-        hint = near_miss(str(key))
-        if hint is None and not settings().refuse_unknown_extra_args:
-            continue  # nobody's we know: another plugin's, passed through as vLLM does
-        did_you_mean = f" Did you mean '{hint}'?" if hint else ""
+        hint = did_you_mean(str(key))
+        mode = current.unknown_extra_args
+        nobody = mode == "refuse" or (mode == "auto" and others is not None)
+        if not hint and not nobody:
+            continue  # another processor's, maybe: passed through as vLLM does
+        why = "no logits processor of this engine reads it" if nobody else "not one of ours"
         raise OptionError(
             str(key),
-            f"unknown option.{did_you_mean} Known options: {', '.join(Options.model_fields)}. "
+            f"unknown option: {why}.{hint} Known options: {', '.join(Options.model_fields)}. "
             f"Keys meant for another plugin can be allowed with {ALLOWED_KEYS_ENV}=key1,key2.",
         )
 
 
 def parse_extra_args(
-    extra_args: Mapping[str, Any] | None, *, logits_width: int | None = None
+    extra_args: Mapping[str, Any] | None,
+    *,
+    logits_width: int | None = None,
+    others: frozenset[str] | None = None,
 ) -> Options | None:
     """Our options from ``extra_args`` / ``vllm_xargs``; ``None`` when none is active.
+    ``others``: as ``refuse_unknown_keys``.
 
     Raises:
         OptionError: a key is unknown (with a did-you-mean hint), or an option is invalid.
     """
     if not extra_args:
         return None
-    refuse_unknown_keys(extra_args)
+    refuse_unknown_keys(extra_args, others)
     return Options.from_extra_args(extra_args, logits_width=logits_width)
 
 
@@ -662,8 +752,11 @@ _admissions = _RecentByIdentity(_MEMO_SIZE)
 _engine_parses = _RecentByIdentity(_MEMO_SIZE)
 
 
-def options_from_params(params: Any, *, logits_width: int | None = None) -> Options | None:
+def options_from_params(
+    params: Any, *, logits_width: int | None = None, others: frozenset[str] | None = None
+) -> Options | None:
     """Parse and check a request's ``SamplingParams``: our options, refusing double application.
+    ``others``: as ``refuse_unknown_keys``.
 
     Parses every time; admission (``validate_at_admission``) and the engine
     (``options_for_engine``) remember the outcome per request.
@@ -671,11 +764,9 @@ def options_from_params(params: Any, *, logits_width: int | None = None) -> Opti
     Raises:
         OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
     """
-    return _parse_params(params, logits_width)
-
-
-def _parse_params(params: Any, logits_width: int | None) -> Options | None:
-    options = parse_extra_args(getattr(params, "extra_args", None), logits_width=logits_width)
+    options = parse_extra_args(
+        getattr(params, "extra_args", None), logits_width=logits_width, others=others
+    )
     if options is None:
         return None
     for field, (builtin, is_set) in _BUILTIN_TWINS.items():

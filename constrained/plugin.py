@@ -275,6 +275,45 @@ def applied_options(vllm_config: Any) -> tuple[frozenset[str], dict[str, str]]:
     return frozenset(applied), {k: v for k, v in reasons.items() if k not in applied}
 
 
+# vLLM's own logits processors that read ``extra_args``, and the keys they read.
+KNOWN_PROCESSOR_KEYS: dict[str, frozenset[str]] = {
+    "vllm.model_executor.models.deepseek_ocr.NGramPerReqLogitsProcessor": frozenset(
+        {"ngram_size", "window_size", "whitelist_token_ids"}
+    ),
+}
+
+
+def built_processors(vllm_config: Any) -> tuple[type, ...] | None:
+    """The logits-processor classes this engine builds: the flag's and the installed entry
+    points' (none where vLLM builds none); ``None`` when a flag entry cannot be loaded here."""
+    if no_custom_processors_reason(vllm_config) is not None:
+        return ()
+    from constrained.admission import resolve_processor
+
+    try:
+        flag = tuple(resolve_processor(entry) for entry in _flag_entries(vllm_config))
+    except Exception:  # vLLM loaded it in the engine; we cannot tell what it reads
+        return None
+    return (*flag, *installed_entry_points())
+
+
+def keys_of_other_processors(vllm_config: Any) -> frozenset[str] | None:
+    """The ``extra_args`` keys this engine's processors that are not ours read, or ``None``
+    when one of them is a processor whose keys we do not know (any key may be its)."""
+    classes = built_processors(vllm_config)
+    if classes is None:
+        return None
+    keys: set[str] = set()
+    for cls in classes:
+        if names_ours([cls]):
+            continue
+        known = KNOWN_PROCESSOR_KEYS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if known is None:
+            return None
+        keys |= known
+    return frozenset(keys)
+
+
 # ---- the server ------------------------------------------------------------------------------
 
 

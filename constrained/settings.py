@@ -14,7 +14,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_MAX_SCHEMA_BYTES`` | 4 MiB | largest ``json_schema`` accepted |
 | ``CONSTRAINED_MAX_REGEX_SIZE`` | 20000 | largest unrolled ``regex`` / schema ``pattern`` |
 | ``CONSTRAINED_ALLOWED_EXTRA_ARGS`` | (none) | keys of other plugins close to ours (``*``: any) |
-| ``CONSTRAINED_UNKNOWN_EXTRA_ARGS`` | ``pass`` | keys nobody we know reads: pass or refuse |
+| ``CONSTRAINED_UNKNOWN_EXTRA_ARGS`` | ``auto`` | keys nobody reads: by the engine, pass, refuse |
 | ``CONSTRAINED_ENTRY_POINTS`` | 1 | 0: the installed (entry-point) processors stay inert |
 | ``CONSTRAINED_STATS_PATH`` | (off) | file the engine rewrites with our state (one per worker) |
 | ``CONSTRAINED_STATS_INTERVAL_S`` | 1.0 | at most one state snapshot per this many seconds |
@@ -51,8 +51,10 @@ class Settings:
     grammar_store: Path | None = Path.home() / ".cache" / "constrained" / "grammars"
     grammar_store_mb: int = 1024
     route_structured_outputs: bool = False
-    # Refuse extra_args keys that are nobody's we know (default: pass them, as vLLM does).
-    refuse_unknown_extra_args: bool = False
+    # extra_args keys that are not ours, vLLM's, nor allowed: "auto" refuses them where every
+    # logits processor the engine builds is one whose keys we know (nobody would read
+    # them), and passes them where another one is built; "pass" / "refuse": always.
+    unknown_extra_args: str = "auto"
     # False: the processors vLLM loads from our entry points stay inert (opt-out).
     entry_points: bool = True
     # The server's vLLM tool parser: which call styles it reads back as we write them.
@@ -104,8 +106,7 @@ def _from_environment() -> Settings:
             "CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", defaults.route_structured_outputs
         ),
         tool_call_parser=os.environ.get("CONSTRAINED_TOOL_CALL_PARSER") or None,
-        refuse_unknown_extra_args=_choice("CONSTRAINED_UNKNOWN_EXTRA_ARGS", ("pass", "refuse"))
-        == "refuse",
+        unknown_extra_args=_choice("CONSTRAINED_UNKNOWN_EXTRA_ARGS", ("auto", "pass", "refuse")),
         entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
         truncation_kernels=_switch("CONSTRAINED_TRUNCATION_KERNELS", None),
         host_kernels=_switch("CONSTRAINED_HOST_KERNELS", defaults.host_kernels),

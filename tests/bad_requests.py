@@ -34,6 +34,12 @@ THREE_STRINGS = json.dumps(
      "properties": {k: {"type": "string"} for k in ("first", "second", "third")}}
 )  # fmt: skip
 
+# The ``contains`` its ``items`` can never meet: no array, so no instance at all.
+NEVER_CONTAINED = json.dumps(
+    {"type": "array", "maxItems": 1, "items": {"type": "integer", "maximum": 5},
+     "contains": {"const": 7}}
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Bad:
@@ -53,6 +59,10 @@ CORPUS: list[Bad] = [
     Bad("unknown-name", {"min_pp": 0.1}, "min_pp"),
     Bad("unknown-hyphenated", {"json-schema": "{}"}, "json-schema"),
     Bad("unknown-trailing-space", {"min_p ": 0.1}, "min_p "),
+    # keys no processor of the engine reads (every one is ours): refused, not dropped
+    Bad("unknown-nobody-reads", {"frobnicate_penalty": 1.0}, "frobnicate_penalty"),
+    Bad("llama-cpp-name", {"repeat_penalty": 1.1}, "repeat_penalty"),
+    Bad("unknown-beside-ours", {"min_p": 0.1, "frequency_penality": 0.5}, "frequency_penality"),
     # wrong types
     Bad("min_p-string", {"min_p": "high"}, "min_p"),
     Bad("min_p-numeric-string", {"min_p": "0.5"}, "min_p"),
@@ -140,6 +150,13 @@ CORPUS: list[Bad] = [
     Bad("bias-string-value", {"logit_bias": '{"5": "strong"}'}, "logit_bias"),
     # schemas that are not JSON, or not schemas
     Bad("schema-not-json", {"json_schema": "{not json"}, "json_schema"),
+    # schemas no value satisfies: refused naming the keywords (not sent to raise max_tokens)
+    Bad("schema-contains-never-met", {"json_schema": NEVER_CONTAINED}, "json_schema"),
+    Bad(
+        "schema-required-over-max",
+        {"json_schema": '{"type": "object", "required": ["a", "b"], "maxProperties": 1}'},
+        "json_schema",
+    ),
     Bad("schema-bad-type", {"json_schema": '{"type": 12}'}, "json_schema"),
     Bad("schema-a-string", {"json_schema": '"an object please"'}, "json_schema"),
     Bad(

@@ -122,9 +122,10 @@ def test_one_admission_per_request(frontend, counts):
 
 
 def test_a_request_without_our_options_is_a_fast_exit(frontend, counts, monkeypatch):
-    """No key of ours, nor a near miss: no stack walk, no admission, nothing remembered."""
+    """No key of ours, nor one nobody may read: no stack walk, no admission, nothing
+    remembered."""
     remembered = len(admission._admissions._items)
-    for extra in (None, {}, {"kv_transfer_params": {"a": 1}}, {"other_plugin_scale": 2.0}):
+    for extra in (None, {}, {"kv_transfer_params": {"a": 1}}, {"session_id": "s"}):
         admit(frontend, SamplingParams(extra_args=extra, max_tokens=16))
     assert counts == {"validate_params": 36, "walk": 0, "admit": 0}
     assert len(admission._admissions._items) == remembered
@@ -143,11 +144,24 @@ def test_what_needs_admission(monkeypatch):
         return SimpleNamespace(extra_args=extra_args, structured_outputs=structured_outputs)
 
     assert admission.nothing_to_admit(request())
-    assert admission.nothing_to_admit(request({"session_id": "s", "other_plugin_scale": 1}))
+    assert admission.nothing_to_admit(request({"session_id": "s", "kv_transfer_params": {}}))
     assert admission.nothing_to_admit(request(structured_outputs=object()))  # vLLM's own
     assert not admission.nothing_to_admit(request({"min_p": 0.1}))
     assert not admission.nothing_to_admit(request({"ngram_size": 3}))  # an alias of ours
     assert not admission.nothing_to_admit(request({"regx": "a"}))  # a near miss
+    # Another key: whether a processor of the engine reads it is decided at admission.
+    assert not admission.nothing_to_admit(request({"other_plugin_scale": 1}))
+    # The engine side parses only requests with options of ours.
+    assert not admission.uses_our_options({"other_plugin_scale": 1, "session_id": "s"})
+    assert admission.uses_our_options({"other_plugin_scale": 1, "ngram_size": 3})
+    monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "pass")
+    reset()
+    try:  # passed whoever reads them: near misses of ours only
+        assert admission.nothing_to_admit(request({"other_plugin_scale": 1}))
+        assert not admission.nothing_to_admit(request({"regx": "a"}))
+    finally:
+        monkeypatch.undo()
+        reset()
     monkeypatch.setenv("CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS", "1")  # our launcher
     monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "refuse")
     monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "other_plugin_scale")
@@ -159,8 +173,9 @@ def test_what_needs_admission(monkeypatch):
     finally:
         monkeypatch.undo()
         reset()
-    assert not admission.keys_need_admission({"other_plugin_scale": 1, "session_id": "s"})
-    assert admission.keys_need_admission({"other_plugin_scale": 1, "typical_p": 0.9})
+    assert not admission.keys_need_admission({"session_id": "s"})
+    assert admission.keys_need_admission({"other_plugin_scale": 1})
+    assert admission.keys_need_admission({"session_id": "s", "typical_p": 0.9})
 
 
 def test_a_refusal_is_raised_by_every_call(frontend, counts):
@@ -263,8 +278,10 @@ def test_outside_vllm_admission_still_fails_loudly(frontend):
 
 def test_the_engine_parses_once_per_request(monkeypatch):
     parses = []
-    real = admission._parse_params
-    monkeypatch.setattr(admission, "_parse_params", lambda *args: parses.append(1) or real(*args))
+    real = admission.options_from_params
+    monkeypatch.setattr(
+        admission, "options_from_params", lambda *a, **k: parses.append(1) or real(*a, **k)
+    )
     params = SamplingParams(extra_args={"regex": "[0-9]{3}", "min_p": 0.1})
     for _ in CLASSES:
         options = admission.options_for_engine(params, 512)
@@ -272,7 +289,7 @@ def test_the_engine_parses_once_per_request(monkeypatch):
     assert len(parses) == 1
     admission.options_for_engine(params, 256)  # another width: parsed again
     assert len(parses) == 2
-    bad = SamplingParams(extra_args={"regx": "a"})
+    bad = SamplingParams(extra_args={"regex": "a", "regx": "a"})
     messages = set()
     for _ in CLASSES:
         with pytest.raises(OptionError) as info:

@@ -108,11 +108,14 @@ def frontend(tiny_model_dir):
     assert not config.model_config.logits_processors
     renderer = InputProcessor(config).renderer
 
-    def admit(extra_args: dict, **config_changes) -> None:
+    def admit(extra_args: dict, flag: list | None = None, **config_changes) -> None:
+        """Admit through a new ``InputProcessor``; ``flag``: ``--logits-processors``."""
         saved = {k: getattr(config, k) for k in config_changes}
+        saved_flag = config.model_config.logits_processors
         try:
             for key, value in config_changes.items():
                 object.__setattr__(config, key, value)
+            object.__setattr__(config.model_config, "logits_processors", flag)
             processor = InputProcessor(config, renderer)
             processor._validate_params(
                 SamplingParams(max_tokens=32, extra_args=extra_args), ("generate",)
@@ -120,6 +123,7 @@ def frontend(tiny_model_dir):
         finally:
             for key, value in saved.items():
                 object.__setattr__(config, key, value)
+            object.__setattr__(config.model_config, "logits_processors", saved_flag)
 
     return admit
 
@@ -137,27 +141,122 @@ def test_refused_where_vllm_builds_no_processors(frontend):
     spec = SimpleNamespace(num_speculative_tokens=2)
     with pytest.raises(VLLMValidationError, match=r"'regex'.*speculative decoding"):
         frontend({"regex": "[0-9]+"}, speculative_config=spec)
-    frontend({"other_plugin_scale": 2.0}, speculative_config=spec)  # not ours: passed
+    # vLLM builds no processor there, so nobody reads another key either.
+    with pytest.raises(VLLMValidationError, match=r"'other_plugin_scale'.*no logits processor"):
+        frontend({"other_plugin_scale": 2.0}, speculative_config=spec)
+    frontend({"session_id": "s"}, speculative_config=spec)  # vLLM's own
 
 
-def test_keys_of_other_plugins_pass_and_near_misses_of_ours_do_not(frontend, monkeypatch):
+FOREIGN = "tests.foreign_processor:BanTokenProcessor"
+OCR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+
+
+def test_a_key_nobody_reads_is_refused_naming_it(frontend):
+    """Every processor the engine builds is ours (the entry points, no flag): a key none of
+    them reads would be dropped, so it is refused; other engines' names get a hint."""
+    with pytest.raises(
+        VLLMValidationError, match="'frobnicate_penalty': unknown option: no logits processor"
+    ):
+        frontend({"frobnicate_penalty": 1.0})
+    for name, ours, origin in [("repeat_penalty", "repetition_penalty", "llama.cpp"),
+                               ("repeat_last_n", "penalty_last_n", "llama.cpp"),
+                               ("no_repeat_ngram", "no_repeat_ngram_size", ""),
+                               ("guided_json", "json_schema", "vLLM's older guided decoding"),
+                               ("frequency_penality", "frequency_penalty", "")]:  # fmt: skip
+        with pytest.raises(VLLMValidationError) as refused:
+            frontend({name: 1.1})
+        message = str(refused.value)
+        assert f"'{name}'" in message and f"Did you mean '{ours}'" in message, message
+        assert origin in message
+    # The same with our processors named by the flag (our launcher's old way).
+    with pytest.raises(VLLMValidationError, match="'frobnicate_penalty'"):
+        frontend({"frobnicate_penalty": 1.0}, flag=list(constrained.LOGITS_PROCESSORS))
+
+
+def test_vllms_own_keys_pass(frontend):
+    """The keys vLLM itself reads from ``extra_args`` (``VLLM_EXTRA_ARGS_KEYS``) are never
+    refused, beside ours or alone."""
+    from constrained.admission import VLLM_EXTRA_ARGS_KEYS
+
+    values = {"kv_transfer_params": {"do_remote_prefill": False}, "session_id": "s-1",
+              "kv_cache_report_mode": "incremental"}  # fmt: skip
+    for key in sorted(VLLM_EXTRA_ARGS_KEYS):
+        frontend({key: values.get(key, 1)})
+        frontend({key: values.get(key, 1), "min_p": 0.1})
+
+
+def test_vllm_reads_no_other_extra_args_keys():
+    """A scan of the installed vLLM's source: every key it reads from a request's
+    ``extra_args`` / ``vllm_xargs`` is in ``VLLM_EXTRA_ARGS_KEYS`` or one of ours (DeepSeek-OCR's
+    processor's names are our aliases), so a vLLM upgrade that reads a new one fails here."""
+    import ast
+    import pathlib
+
+    import vllm
+
+    from constrained.admission import OPTION_KEYS, VLLM_EXTRA_ARGS_KEYS
+
+    found: dict[str, str] = {}
+    for path in pathlib.Path(vllm.__file__).parent.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "extra_args" not in text and "vllm_xargs" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            owner = key = None
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get" and node.args
+                    and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                owner, key = node.func.value, node.args[0].value
+            elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                    and isinstance(node.slice, ast.Constant)):  # fmt: skip
+                owner, key = node.value, node.slice.value
+            source = ast.unparse(owner) if owner is not None else ""
+            if isinstance(key, str) and (
+                source.endswith(("extra_args", "vllm_xargs")) or source == "extra"
+            ):
+                found.setdefault(key, str(path))
+    assert {"kv_transfer_params", "session_id", "diffusion_max_steps"} <= set(found)
+    assert set(found) <= VLLM_EXTRA_ARGS_KEYS | OPTION_KEYS, found
+
+
+def test_keys_pass_where_a_processor_we_do_not_know_is_built(frontend, monkeypatch):
+    """Another package's processor may read any key: unknown keys pass, near misses of
+    ours do not; a processor whose keys we know (DeepSeek-OCR's) reads only those."""
     from constrained.settings import reset
 
-    frontend({"other_plugin_scale": 2.0, "regex": "[0-9]+", "session_id": "s"})
+    frontend({"other_plugin_scale": 2.0, "regex": "[0-9]+", "session_id": "s"}, flag=[FOREIGN])
     for typo, ours in [("min_pp", "min_p"), ("Min-P", "min_p"), ("regx", "regex"),
                        ("frequency_penality", "frequency_penalty")]:  # fmt: skip
         with pytest.raises(VLLMValidationError, match=f"Did you mean '{ours}'"):
-            frontend({typo: 0.1})
-    monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "min_q")
-    monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "refuse")
+            frontend({typo: 0.1}, flag=[FOREIGN])
+    # DeepSeek-OCR's module needs torchvision, which the CPU build lacks: its class by name.
+    module, _, name = OCR.partition(":")
+    ocr = type(name, (), {"__module__": module, "__qualname__": name})
+    config = _config(model_config=SimpleNamespace(logits_processors=[ocr], runner_type="generate"))
+    assert plugin.keys_of_other_processors(config) == {"ngram_size", "window_size",
+                                                       "whitelist_token_ids"}  # fmt: skip
+    foreign = _config(model_config=SimpleNamespace(logits_processors=[FOREIGN, ocr]))
+    assert plugin.keys_of_other_processors(foreign) is None
+    monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "min_q,other_plugin_scale")
     reset()
     try:
-        frontend({"min_q": 0.1})  # declared for another plugin
-        with pytest.raises(VLLMValidationError, match="'other_plugin_scale'"):
-            frontend({"other_plugin_scale": 2.0})
+        frontend({"min_q": 0.1, "other_plugin_scale": 2.0})  # declared for another plugin
     finally:
         monkeypatch.undo()
         reset()
+    for mode, refused in [("refuse", True), ("pass", False)]:
+        monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", mode)
+        reset()
+        try:
+            for flag in ([FOREIGN], None):
+                if refused:
+                    with pytest.raises(VLLMValidationError, match="'other_plugin_scale'"):
+                        frontend({"other_plugin_scale": 2.0}, flag=flag)
+                else:
+                    frontend({"other_plugin_scale": 2.0}, flag=flag)
+        finally:
+            monkeypatch.undo()
+            reset()
 
 
 def test_opt_out_makes_entry_points_inert(frontend, monkeypatch):

@@ -94,7 +94,9 @@ def test_bad_option_is_400_naming_it_and_the_server_serves_on(stock36, client, s
 
 
 def test_another_plugins_processor_and_key_beside_ours(stock36, client):
-    """``tests.foreign_processor`` bans the token it is given; our regex still holds."""
+    """``tests.foreign_processor`` bans the token it is given; our regex still holds. A
+    processor we do not know is built, so keys that are nobody's we know pass (it may read
+    them); the launcher's server, with only ours, refuses them (``test_bad_requests``)."""
     tokens = httpx.post(stock36 + "/tokenize", json={"model": "tiny", "prompt": "7"}).json()
     [seven] = tokens["tokens"]
     for seed in range(3):
@@ -112,3 +114,11 @@ def test_another_plugins_processor_and_key_beside_ours(stock36, client):
         timeout=120,
     )
     assert refused.status_code == 400 and "foreign_ban" in refused.text
+    for stream in (False, True):
+        passed = httpx.post(
+            stock36 + "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": stream,
+                  "vllm_xargs": {"frobnicate_penalty": 1.0}},
+            timeout=120,
+        )  # fmt: skip
+        assert passed.status_code == 200, passed.text

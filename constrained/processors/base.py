@@ -20,7 +20,7 @@ from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor as V1LogitsProcessor
 
-from constrained.admission import keys_need_admission, options_for_engine, validate_at_admission
+from constrained.admission import options_for_engine, uses_our_options, validate_at_admission
 from constrained.options import OptionError, Options
 from constrained.processors.runners import Rows, layout_for
 from constrained.processors.slots import Column, SlotTable
@@ -109,7 +109,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def _add(self, slot: int, params: SamplingParams, tokens: Tokens = None) -> bool:
         if not self.samples_here:
             return False
-        if not keys_need_admission(getattr(params, "extra_args", None)):  # none of ours
+        if not uses_our_options(getattr(params, "extra_args", None)):  # none of ours
             if self.slots.active[slot]:  # (nor any admission routed there): nothing to
                 self.slots.clear(slot)  # parse or write; an inactive row is all fill values
             return False
@@ -172,7 +172,7 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
 def _any_options(batch_update: BatchUpdate) -> bool:
     """Whether a request added by this V1 batch update may set an option of ours."""
-    return any(keys_need_admission(getattr(a[1], "extra_args", None)) for a in batch_update.added)
+    return any(uses_our_options(getattr(a[1], "extra_args", None)) for a in batch_update.added)
 
 
 class Peers:
