@@ -303,7 +303,8 @@ class _Judge:
         for path, node in flat:
             if "contains" not in node:
                 continue
-            why = self._contains_empty(path, node, items, room, unique, depth)
+            limit = ("maxItems",) if closed_by is None else closed_by.keywords
+            why = self._contains_empty(path, node, items, room, limit, unique, depth)
             if why is not None:
                 return why
         if unique:
@@ -311,16 +312,27 @@ class _Judge:
         return None
 
     def _contains_empty(
-        self, path: str, node: dict, items: _ItemPositions, room: float, unique: bool, depth: int
+        self,
+        path: str,
+        node: dict,
+        items: _ItemPositions,
+        room: float,
+        limit: tuple[str, ...],
+        unique: bool,
+        depth: int,
     ) -> Contradiction | None:
+        """``contains`` against the items there is room for (``limit``: what sets it)."""
         at_least = node.get("minContains", 1)
         at_most = node.get("maxContains", math.inf)
         if not is_int(at_least) or not is_number(at_most):
             return None
+        # Without minContains, contains itself asks for one.
+        least = "minContains" if "minContains" in node else "contains"
         if at_least > at_most:
             return Contradiction(
-                ("minContains", "maxContains"),
-                f"'minContains' {at_least} is above 'maxContains' {at_most} at {path}",
+                (least, "maxContains"),
+                f"'{least}' asks for {at_least} matching items, 'maxContains' allows {at_most} "
+                f"at {path}",
             )
         if at_least == 0:
             return None
@@ -340,15 +352,20 @@ class _Judge:
             able = able if distinct is None else min(able, len(distinct))
         if able >= at_least:
             return None
+        if able == 0 and missed is None:  # no room for an item at all
+            return Contradiction(
+                ("contains", *limit), f"'contains' at {path} needs an item, and no item fits"
+            )
         if able == 0:
             words = _merge(("contains", *items.keywords()), missed.keywords)
+            what = "'items' cannot be" if items.keywords() else "nothing can be"
             return Contradiction(
-                words, f"'contains' at {path} needs an item that 'items' cannot be: {missed.why}"
+                words, f"'contains' at {path} needs an item that {what}: {missed.why}"
             )
         limits = ("uniqueItems",) if unique else ("maxItems",)
         return Contradiction(
-            ("minContains", "contains", *limits),
-            f"'minContains' {at_least} at {path} needs more matching items than "
+            _merge((least, "contains"), limits),
+            f"'{least}' at {path} asks for {at_least} matching items, more than "
             f"{' and '.join(repr(k) for k in limits)} allow ({int(able)})",
         )
 
@@ -458,7 +475,7 @@ class _ItemPositions:
         return found
 
     def keywords(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.used)) or ("items",)
+        return tuple(dict.fromkeys(self.used))
 
 
 def _item_rules(
