@@ -269,120 +269,10 @@ class _Judge:
         if kind == "string":
             return _strings_empty(flat)
         if kind == "array":
-            return self._arrays_empty(flat, depth)
+            return _arrays_empty(self, flat, depth)
         if kind == "object":
-            return self._objects_empty(flat, depth)
+            return _objects_empty(self, flat, depth)
         return None  # null, boolean: only type / enum / const / not restrict them
-
-    def _arrays_empty(self, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
-        where = flat[0][0]
-        low, low_from = _tightest(flat, "minItems", max, 0)
-        high, high_from = _tightest(flat, "maxItems", min, math.inf)
-        if low > high:
-            return Contradiction(
-                ("minItems", "maxItems"),
-                f"'minItems' {low} ({low_from}) is above 'maxItems' {high} ({high_from})",
-            )
-        items = _ItemPositions(flat)
-        room, closed_by = high, None
-        for index in range(items.prefix_length + 1):
-            if index >= room:
-                break
-            why = self.empty(items.at(index), depth + 1)
-            if why is not None:
-                room, closed_by = index, why
-                break
-        if low > room:
-            words = _merge(("minItems", *items.keywords()), closed_by.keywords)
-            return Contradiction(
-                words,
-                f"'minItems' {low} at {where} asks for item {room}, "
-                f"which can have no value: {closed_by.why}",
-            )
-        unique = any(node.get("uniqueItems") is True for _, node in flat)
-        for path, node in flat:
-            if "contains" not in node:
-                continue
-            limit = ("maxItems",) if closed_by is None else closed_by.keywords
-            why = self._contains_empty(path, node, items, room, limit, unique, depth)
-            if why is not None:
-                return why
-        if unique:
-            return self._unique_empty(flat, items, low, depth)
-        return None
-
-    def _contains_empty(
-        self,
-        path: str,
-        node: dict,
-        items: _ItemPositions,
-        room: float,
-        limit: tuple[str, ...],
-        unique: bool,
-        depth: int,
-    ) -> Contradiction | None:
-        """``contains`` against the items there is room for (``limit``: what sets it)."""
-        at_least = node.get("minContains", 1)
-        at_most = node.get("maxContains", math.inf)
-        if not is_int(at_least) or not is_number(at_most):
-            return None
-        # Without minContains, contains itself asks for one.
-        least = "minContains" if "minContains" in node else "contains"
-        if at_least > at_most:
-            return Contradiction(
-                (least, "maxContains"),
-                f"'{least}' asks for {at_least} matching items, 'maxContains' allows {at_most} "
-                f"at {path}",
-            )
-        if at_least == 0:
-            return None
-        wanted = (f"{path}/contains", node["contains"])
-        able, missed = 0.0, None
-        for index in range(min(items.prefix_length, room)):
-            why = self.empty([*items.at(index), wanted], depth + 1)
-            able += why is None
-            missed = missed or why
-        if room > items.prefix_length:
-            why = self.empty([*items.at(items.prefix_length), wanted], depth + 1)
-            if why is None:
-                able += room - items.prefix_length
-            missed = missed or why
-        if unique and not items.prefix_length and able:
-            distinct = self._distinct_values([*items.at(0), wanted])
-            able = able if distinct is None else min(able, len(distinct))
-        if able >= at_least:
-            return None
-        if able == 0 and missed is None:  # no room for an item at all
-            return Contradiction(
-                ("contains", *limit), f"'contains' at {path} needs an item, and no item fits"
-            )
-        if able == 0:
-            words = _merge(("contains", *items.keywords()), missed.keywords)
-            what = "'items' cannot be" if items.keywords() else "nothing can be"
-            return Contradiction(
-                words, f"'contains' at {path} needs an item that {what}: {missed.why}"
-            )
-        limits = ("uniqueItems",) if unique else ("maxItems",)
-        return Contradiction(
-            _merge((least, "contains"), limits),
-            f"'{least}' at {path} asks for {at_least} matching items, more than "
-            f"{' and '.join(repr(k) for k in limits)} allow ({int(able)})",
-        )
-
-    def _unique_empty(
-        self, flat: list[tuple[str, dict]], items: _ItemPositions, low: int, depth: int
-    ) -> Contradiction | None:
-        if items.prefix_length or low < 2:
-            return None
-        values = self._distinct_values(items.at(0))
-        if values is None or len(values) >= low:
-            return None
-        return Contradiction(
-            ("uniqueItems", "minItems", *items.keywords()),
-            f"'uniqueItems' with 'minItems' {low} at {flat[0][0]} needs "
-            f"{low} distinct items, and 'items' allows only {len(values)} "
-            "values",
-        )
 
     def _distinct_values(self, parts: list[tuple[str, Any]]) -> list[Any] | None:
         """At least every value ``parts`` allow, when they are few; ``None`` otherwise."""
@@ -401,50 +291,165 @@ class _Judge:
             values = valid_values(node, self.root, values) or values
         return values
 
-    def _objects_empty(self, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
-        where = flat[0][0]
-        low, low_from = _tightest(flat, "minProperties", max, 0)
-        high, high_from = _tightest(flat, "maxProperties", min, math.inf)
-        if low > high:
-            return Contradiction(
-                ("minProperties", "maxProperties"),
-                f"'minProperties' {low} ({low_from}) is above 'maxProperties' {high} ({high_from})",
-            )
-        required = list(
-            dict.fromkeys(name for _, node in flat for name in _strings(node.get("required")))
+
+# ---- arrays and objects ----------------------------------------------------------------
+
+
+def _arrays_empty(judge: _Judge, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
+    where = flat[0][0]
+    low, low_from = _tightest(flat, "minItems", max, 0)
+    high, high_from = _tightest(flat, "maxItems", min, math.inf)
+    if low > high:
+        return Contradiction(
+            ("minItems", "maxItems"),
+            f"'minItems' {low} ({low_from}) is above 'maxItems' {high} ({high_from})",
         )
-        if len(required) > high:
-            return Contradiction(
-                ("required", "maxProperties"),
-                f"'required' at {where} "
-                f"names {len(required)} properties, 'maxProperties' allows "
-                f"{high} ({high_from})",
-            )
-        for name in required:
-            for path, node in flat:
-                names = node.get("propertyNames")
-                if "propertyNames" not in node:
-                    continue
-                why = self.empty(
-                    [(f"{path}/propertyNames", names), (path, {"const": name})], depth + 1
-                )
-                if why is not None:
-                    failing = tuple(k for k in why.keywords if k != "const")
-                    return Contradiction(
-                        _merge(("required", "propertyNames"), failing),
-                        f"required property '{name}' is not a name 'propertyNames' at "
-                        f"{path} allows (it fails {', '.join(repr(k) for k in failing)})",
-                    )
-            value = _property_value(flat, name)
-            if value is None:
-                continue
-            why = self.empty(value, depth + 1)
-            if why is not None:
-                return Contradiction(
-                    _merge(("required",), why.keywords),
-                    f"required property '{name}' at {where} can have no value: {why.why}",
-                )
+    items = _ItemPositions(flat)
+    room, closed_by = high, None
+    for index in range(items.prefix_length + 1):
+        if index >= room:
+            break
+        why = judge.empty(items.at(index), depth + 1)
+        if why is not None:
+            room, closed_by = index, why
+            break
+    if low > room:
+        words = _merge(("minItems", *items.keywords()), closed_by.keywords)
+        return Contradiction(
+            words,
+            f"'minItems' {low} at {where} asks for item {room}, "
+            f"which can have no value: {closed_by.why}",
+        )
+    unique = any(node.get("uniqueItems") is True for _, node in flat)
+    for path, node in flat:
+        if "contains" not in node:
+            continue
+        limit = ("maxItems",) if closed_by is None else closed_by.keywords
+        why = _contains_empty(judge, path, node, items, room, limit, unique, depth)
+        if why is not None:
+            return why
+    if unique:
+        return _unique_empty(judge, flat, items, low, depth)
+    return None
+
+
+def _contains_empty(
+    judge: _Judge,
+    path: str,
+    node: dict,
+    items: _ItemPositions,
+    room: float,
+    limit: tuple[str, ...],
+    unique: bool,
+    depth: int,
+) -> Contradiction | None:
+    """``contains`` against the items there is room for (``limit``: what sets it)."""
+    at_least = node.get("minContains", 1)
+    at_most = node.get("maxContains", math.inf)
+    if not is_int(at_least) or not is_number(at_most):
         return None
+    # Without minContains, contains itself asks for one.
+    least = "minContains" if "minContains" in node else "contains"
+    if at_least > at_most:
+        return Contradiction(
+            (least, "maxContains"),
+            f"'{least}' asks for {at_least} matching items, 'maxContains' allows {at_most} "
+            f"at {path}",
+        )
+    if at_least == 0:
+        return None
+    wanted = (f"{path}/contains", node["contains"])
+    able, missed = 0.0, None
+    for index in range(min(items.prefix_length, room)):
+        why = judge.empty([*items.at(index), wanted], depth + 1)
+        able += why is None
+        missed = missed or why
+    if room > items.prefix_length:
+        why = judge.empty([*items.at(items.prefix_length), wanted], depth + 1)
+        if why is None:
+            able += room - items.prefix_length
+        missed = missed or why
+    if unique and not items.prefix_length and able:
+        distinct = judge._distinct_values([*items.at(0), wanted])
+        able = able if distinct is None else min(able, len(distinct))
+    if able >= at_least:
+        return None
+    if able == 0 and missed is None:  # no room for an item at all
+        return Contradiction(
+            ("contains", *limit), f"'contains' at {path} needs an item, and no item fits"
+        )
+    if able == 0:
+        words = _merge(("contains", *items.keywords()), missed.keywords)
+        what = "'items' cannot be" if items.keywords() else "nothing can be"
+        return Contradiction(words, f"'contains' at {path} needs an item that {what}: {missed.why}")
+    limits = ("uniqueItems",) if unique else ("maxItems",)
+    return Contradiction(
+        _merge((least, "contains"), limits),
+        f"'{least}' at {path} asks for {at_least} matching items, more than "
+        f"{' and '.join(repr(k) for k in limits)} allow ({int(able)})",
+    )
+
+
+def _unique_empty(
+    judge: _Judge, flat: list[tuple[str, dict]], items: _ItemPositions, low: int, depth: int
+) -> Contradiction | None:
+    if items.prefix_length or low < 2:
+        return None
+    values = judge._distinct_values(items.at(0))
+    if values is None or len(values) >= low:
+        return None
+    return Contradiction(
+        ("uniqueItems", "minItems", *items.keywords()),
+        f"'uniqueItems' with 'minItems' {low} at {flat[0][0]} needs "
+        f"{low} distinct items, and 'items' allows only {len(values)} "
+        "values",
+    )
+
+
+def _objects_empty(judge: _Judge, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
+    where = flat[0][0]
+    low, low_from = _tightest(flat, "minProperties", max, 0)
+    high, high_from = _tightest(flat, "maxProperties", min, math.inf)
+    if low > high:
+        return Contradiction(
+            ("minProperties", "maxProperties"),
+            f"'minProperties' {low} ({low_from}) is above 'maxProperties' {high} ({high_from})",
+        )
+    required = list(
+        dict.fromkeys(name for _, node in flat for name in _strings(node.get("required")))
+    )
+    if len(required) > high:
+        return Contradiction(
+            ("required", "maxProperties"),
+            f"'required' at {where} "
+            f"names {len(required)} properties, 'maxProperties' allows "
+            f"{high} ({high_from})",
+        )
+    for name in required:
+        for path, node in flat:
+            names = node.get("propertyNames")
+            if "propertyNames" not in node:
+                continue
+            why = judge.empty(
+                [(f"{path}/propertyNames", names), (path, {"const": name})], depth + 1
+            )
+            if why is not None:
+                failing = tuple(k for k in why.keywords if k != "const")
+                return Contradiction(
+                    _merge(("required", "propertyNames"), failing),
+                    f"required property '{name}' is not a name 'propertyNames' at "
+                    f"{path} allows (it fails {', '.join(repr(k) for k in failing)})",
+                )
+        value = _property_value(flat, name)
+        if value is None:
+            continue
+        why = judge.empty(value, depth + 1)
+        if why is not None:
+            return Contradiction(
+                _merge(("required",), why.keywords),
+                f"required property '{name}' at {where} can have no value: {why.why}",
+            )
+    return None
 
 
 # ---- the pieces ---------------------------------------------------------------------------
