@@ -31,6 +31,7 @@ demo: install
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 lint: install

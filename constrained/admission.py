@@ -3,8 +3,10 @@
 Three callers, one answer: each processor's ``validate_params`` (vLLM's frontend, per request:
 vLLM calls it once per registered class, and the first call's outcome answers the others, see
 ``validate_at_admission``), the streaming middleware (``stream_checks``, before the HTTP 200),
-and the engine-side add (``options_for_engine``, which only parses: admission already refused
-what is bad).
+and the engine-side add (``request_options.options_for_engine``, which only parses:
+admission already refused what is bad). A request's keys and their parse are in
+``request_options``, which options this engine applies in ``engine_processors``, and vLLM's
+``InputProcessor`` is found on the stack in ``frontend``.
 
 A request is refused (``OptionError``, a ``ValueError`` naming the field: HTTP 400 from the
 server, an exception from ``LLM.generate`` offline) when an option is invalid or unknown, set
@@ -15,178 +17,24 @@ does not compile in time with the served tokenizer.
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
-import difflib
-import importlib
 import sys
-import threading
 import weakref
-from collections.abc import Iterable, Mapping
-from types import FrameType
 from typing import Any
 
-from constrained.options import VLLM_OCR_ALIASES, OptionError, Options
+from constrained.engine_processors import engine_applies, keys_of_others, refuse_not_applied
+from constrained.frontend import find_input_processor, loaded_tokenizer, self_at
+from constrained.options import OptionError, Options
+from constrained.request_options import (
+    MEMO_SIZE,
+    RecentByIdentity,
+    copy_error,
+    nothing_to_admit,
+    options_from_params,
+    parse_extra_args,
+)
 from constrained.settings import settings
-
-# How far up the stack vLLM's InputProcessor sits above ``validate_params`` (4 in vLLM 0.32).
-_MAX_FRAMES = 16
-
-
-class AdmissionUnavailable(RuntimeError):
-    """vLLM's internals moved: the served model's config cannot be found at admission."""
-
-
-def input_processor_at_admission() -> Any:
-    """vLLM's ``InputProcessor`` running this admission, found on the call stack.
-
-    ``validate_params`` is a classmethod that vLLM calls with only the request's parameters;
-    the model config (logits width, tokenizer, registered processors) and the loaded tokenizer
-    live on the ``InputProcessor`` that calls it (``InputProcessor._validate_params`` in vLLM
-    0.32/0.33).
-
-    Raises:
-        AdmissionUnavailable: no ``InputProcessor`` within a few frames (vLLM changed how it
-            calls ``validate_params``, or it was called outside vLLM's admission).
-    """
-    caller = sys._getframe(1)
-    try:
-        return _find_input_processor(caller)[0]
-    finally:
-        del caller
-
-
-def _find_input_processor(frame: FrameType | None) -> tuple[Any, int]:
-    """The ``InputProcessor`` at or above ``frame``, and how many frames above it sits.
-
-    Raises:
-        AdmissionUnavailable: as ``input_processor_at_admission``.
-    """
-    from vllm.config import ModelConfig
-    from vllm.v1.engine.input_processor import InputProcessor
-
-    try:
-        for depth in range(_MAX_FRAMES):
-            if frame is None:
-                break
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, InputProcessor) and isinstance(owner.model_config, ModelConfig):
-                return owner, depth
-            frame = frame.f_back
-    finally:
-        del frame
-    raise AdmissionUnavailable(
-        "constrained: validate_params was not called from vLLM's InputProcessor, so the "
-        "served model's config (logits width, tokenizer, registered processors) is unknown. "
-        "This vLLM version calls logits-processor validation differently from 0.32/0.33; "
-        "please report it with your vLLM version."
-    )
-
-
-def _self_at(frame: FrameType | None, depth: int) -> Any:
-    """The ``self`` of the frame ``depth`` frames above ``frame`` (one frame read, no walk)."""
-    try:
-        for _ in range(depth):
-            frame = frame.f_back if frame is not None else None
-        return frame.f_locals.get("self") if frame is not None else None
-    finally:
-        del frame
-
-
-def loaded_tokenizer(input_processor: Any) -> Any:
-    """The tokenizer vLLM's frontend already loaded, or None (so the vocabulary is not loaded
-    a second time in this process; ``load_vocab`` uses it only if it is a fast HF one)."""
-    try:
-        return input_processor.tokenizer
-    except Exception:  # no tokenizer (skip_tokenizer_init) or vLLM moved it
-        return None
-
-
-# ---- which of our options this engine applies ---------------------------------------------
-
-
-def resolve_processor(entry: str | type) -> type:
-    """A ``--logits-processors`` entry (``"pkg.mod:Class"`` or a class) as a class."""
-    if isinstance(entry, type):
-        return entry
-    module, _, qualname = entry.partition(":")
-    obj: Any = importlib.import_module(module)
-    for attr in qualname.split("."):
-        obj = getattr(obj, attr)
-    return obj
-
-
-def options_applied_by(entries: Iterable[str | type]) -> frozenset[str]:
-    """The option names the registered processors apply (each of ours declares ``OPTIONS``)."""
-    names: set[str] = set()
-    for entry in entries:
-        names |= getattr(resolve_processor(entry), "OPTIONS", frozenset())
-    return frozenset(names)
-
-
-def owner_of(option: str) -> str:
-    """The entry of ``constrained.LOGITS_PROCESSORS`` that applies ``option``."""
-    from constrained import LOGITS_PROCESSORS
-
-    for entry in LOGITS_PROCESSORS:
-        if option in resolve_processor(entry).OPTIONS:
-            return entry
-    raise KeyError(option)
-
-
-def refuse_unregistered(options: Options, registered: Iterable[str | type]) -> None:
-    """Refuse an option whose processor is not among ``registered`` (entries)."""
-    refuse_not_applied(options, options_applied_by(registered))
-
-
-def refuse_not_applied(
-    options: Options, applied: frozenset[str], reasons: Mapping[str, str] | None = None
-) -> None:
-    """Refuse an option this engine does not apply (never drop it): ``applied``, the options
-    its processors apply; ``reasons``, why an option is not applied although its processor
-    is installed (vLLM builds none here: ``plugin.applied_options``)."""
-    reasons = reasons or {}
-    for name in type(options).model_fields:  # field order: the same error every time
-        if getattr(options, name) is not None and name not in applied:
-            if name in reasons:
-                raise OptionError(name, f"is not applied by this engine: {reasons[name]}")
-            raise OptionError(
-                name,
-                f"is not applied by this engine: its processor {owner_of(name)} is not "
-                "registered. Install the package (`pip install constrained`: vLLM then loads "
-                "all its processors from entry points) and name none of them, or register "
-                "all of constrained.LOGITS_PROCESSORS (LLM(logits_processors=...), "
-                "--logits-processors).",
-            )
-
-
-def engine_applies(model_config: Any, vllm_config: Any = None) -> tuple[frozenset[str], dict]:
-    """The options this engine applies and why others are not (``plugin.applied_options``:
-    the flag's processors and the installed entry points vLLM builds here)."""
-    from constrained.plugin import applied_options
-
-    return applied_options(_engine_config(model_config, vllm_config))
-
-
-def keys_of_others(model_config: Any, vllm_config: Any = None) -> frozenset[str] | None:
-    """The ``extra_args`` keys this engine's processors that are not ours read; ``None``
-    when one of them is a processor whose keys we do not know
-    (``plugin.keys_of_other_processors``)."""
-    from constrained.plugin import keys_of_other_processors
-
-    return keys_of_other_processors(_engine_config(model_config, vllm_config))
-
-
-def _engine_config(model_config: Any, vllm_config: Any) -> Any:
-    if vllm_config is None:  # only the model config known: the flag's list, entry points
-        from types import SimpleNamespace
-
-        vllm_config = SimpleNamespace(model_config=model_config)
-    return vllm_config
-
-
-# ---- constraints ------------------------------------------------------------------------------
 
 
 def spec_of(options: Options) -> Any:
@@ -285,9 +133,6 @@ def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: i
         )
 
 
-# ---- the three entry points -----------------------------------------------------------------
-
-
 def _check(
     options: Options | None,
     model_config: Any,
@@ -347,10 +192,10 @@ def validate_at_admission(params: Any) -> None:
     try:
         entry = _admissions.get(params)
         current = entry is not None and entry.answers(params)
-        if current and entry.engine_is(_self_at(caller, entry.depth)):
+        if current and entry.engine_is(self_at(caller, entry.depth)):
             entry.reraise()
             return
-        owner, depth = _find_input_processor(caller)
+        owner, depth = find_input_processor(caller)
     finally:
         del caller
     if current and entry.engine_is(owner):
@@ -392,15 +237,7 @@ class _Admitted:
 
     def reraise(self) -> None:
         if self.refusal is not None:
-            raise _copy_error(self.refusal)
-
-
-def _copy_error(error: OptionError) -> OptionError:
-    """The same refusal (type, message, field) as a new exception, without a traceback."""
-    copied = type(error).__new__(type(error), *error.args)
-    copied.args = error.args
-    copied.__dict__.update(error.__dict__)
-    return copied
+            raise copy_error(self.refusal)
 
 
 def _remember(params: Any, owner: Any, depth: int, refusal: OptionError | None) -> None:
@@ -415,7 +252,7 @@ def _remember(params: Any, owner: Any, depth: int, refusal: OptionError | None) 
             engine=weakref.ref(owner),
             depth=depth,
             settings_seen=settings(),
-            refusal=None if refusal is None else _copy_error(refusal),
+            refusal=None if refusal is None else copy_error(refusal),
         )
     except Exception:  # params that cannot be copied, an engine without weak references
         _admissions.discard(params)
@@ -471,325 +308,5 @@ def check_xargs(
     return None
 
 
-def options_for_engine(params: Any, logits_width: int) -> Options | None:
-    """The engine-side parse of a request admission already checked.
-
-    The engine adds a request to each registered processor in turn, with the same params
-    object (its own copy: vLLM clones the caller's after admission), so the parse is
-    remembered per params object and width, and each request is parsed once per engine.
-
-    Raises:
-        OptionError: as ``options_from_params`` (admission refused it already).
-    """
-    if not uses_our_options(getattr(params, "extra_args", None)):
-        return None  # no option of ours: nothing to parse or remember
-    hit = _engine_parses.get(params)
-    if hit is not None and hit[0] == logits_width:
-        result = hit[1]
-    else:
-        try:
-            result = options_from_params(params, logits_width=logits_width)
-        except OptionError as exc:
-            result = _copy_error(exc)
-        _engine_parses.put(params, (logits_width, result))
-    if isinstance(result, OptionError):
-        raise _copy_error(result)
-    return result
-
-
-# ---- parsing a request ------------------------------------------------------------------------
-
-# Keys vLLM 0.32 itself reads from ``SamplingParams.extra_args`` (never refused):
-# KV / encoder-cache transfer and the KV cache report (``v1/request.py``, the OpenAI
-# protocols), the session of ``vllm_xargs`` (``entrypoints/generate/base/serving.py``) and
-# the diffusion models' canvas (``utils/diffusion.py``, ``models/diffusion_gemma.py``).
-# DeepSeek-OCR's processor's keys are our aliases (``VLLM_OCR_ALIASES``).
-VLLM_EXTRA_ARGS_KEYS = frozenset(
-    {
-        "kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id",
-        "diffusion_canvas_length", "diffusion_constrained", "diffusion_max_steps",
-        "diffusion_pinned", "diffusion_read_only", "diffusion_seed_canvas",
-    }
-)  # fmt: skip
-ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
-UNKNOWN_KEYS_ENV = "CONSTRAINED_UNKNOWN_EXTRA_ARGS"
-
-# Other engines' names for our options (llama.cpp / Ollama, Hugging Face transformers,
-# KoboldCpp, text-generation-webui, vLLM's older guided decoding): named in the
-# "did you mean" of an unknown key, never accepted as ours.
-FOREIGN_NAMES: dict[str, tuple[str, str]] = {
-    "repeat_penalty": ("repetition_penalty", "llama.cpp"),
-    "rep_pen": ("repetition_penalty", "KoboldCpp"),
-    "repeat_last_n": ("penalty_last_n", "llama.cpp"),
-    "rep_pen_range": ("penalty_last_n", "KoboldCpp"),
-    "repetition_penalty_range": ("penalty_last_n", "text-generation-webui"),
-    "no_repeat_ngram": ("no_repeat_ngram_size", "a short form"),
-    "encoder_no_repeat_ngram_size": ("no_repeat_ngram_size", "transformers (for the prompt)"),
-    "top_nsigma": ("top_n_sigma", "llama.cpp"),
-    "nsigma": ("top_n_sigma", "KoboldCpp"),
-    "typical": ("typical_p", "llama.cpp's --typical"),
-    "typ_p": ("typical_p", "a short form"),
-    "sequence_bias": ("logit_bias", "transformers"),
-    "guided_json": ("json_schema", "vLLM's older guided decoding"),
-    "guided_regex": ("regex", "vLLM's older guided decoding"),
-    "guided_grammar": ("grammar", "vLLM's older guided decoding"),
-    "guided_choice": ("choice", "vLLM's older guided decoding"),
-    "json": ("json_schema", "a short form"),
-    "schema": ("json_schema", "a short form"),
-}
-
-# How close a key must be to one of our option names to be taken for a typo of it.
-NEAR_MISS = 0.75
-
-
-def _normal(key: str) -> str:
-    return key.strip().lower().replace("-", "_").replace(" ", "_")
-
-
-def near_miss(key: str) -> str | None:
-    """The option of ours ``key`` is probably meant as: a typo (case, hyphens, spaces, or a
-    close spelling), or another engine's name for it (``FOREIGN_NAMES``); else ``None``."""
-    names = [*Options.model_fields, *VLLM_OCR_ALIASES]
-    normal = _normal(key)
-    if normal in names:
-        return normal
-    if normal in FOREIGN_NAMES:
-        return FOREIGN_NAMES[normal][0]
-    hint = difflib.get_close_matches(normal, names, n=1, cutoff=NEAR_MISS)
-    return hint[0] if hint else None
-
-
-def did_you_mean(key: str) -> str:
-    """The "did you mean" sentence for an unknown key, or ``""``."""
-    hint = near_miss(key)
-    if hint is None:
-        return ""
-    foreign = FOREIGN_NAMES.get(_normal(key))
-    origin = f" ({foreign[1]}'s name for it is '{key}')" if foreign else ""
-    return f" Did you mean '{hint}'{origin}?"
-
-
-# Every extra_args key that sets one of our options (an option's name, or its alias).
-OPTION_KEYS = frozenset(Options.model_fields) | frozenset(VLLM_OCR_ALIASES)
-
-
-def uses_our_options(extra_args: Mapping[str, Any] | None) -> bool:
-    """Whether ``extra_args`` sets one of our options (what the engine side reads: admission
-    already refused every key it would not pass)."""
-    if not extra_args:
-        return False
-    try:
-        return not OPTION_KEYS.isdisjoint(extra_args)
-    except TypeError:  # not a mapping of hashable keys: the parse says what is wrong
-        return True
-
-
-def keys_need_admission(extra_args: Mapping[str, Any] | None) -> bool:
-    """Whether ``extra_args`` has a key admission looks at: one of ours, or one
-    ``refuse_unknown_keys`` may refuse (any key that is not vLLM's nor allowed: whether
-    another processor of the engine reads it is decided there; with
-    ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=pass``, near misses of ours only). A request with
-    only vLLM's or allowed keys uses none of our options."""
-    if not extra_args:
-        return False
-    current = settings()
-    try:
-        return any(_key_needs_admission(key, current) for key in extra_args)
-    except TypeError:  # not a mapping of hashable keys: the parse says what is wrong
-        return True
-
-
-def nothing_to_admit(params: Any) -> bool:
-    """Whether admission would neither refuse nor change this request (the fast exit of a
-    request that uses none of our options): no key of its ``extra_args`` needs admission
-    (``keys_need_admission``) and, where our routing is on, it has no vLLM structured
-    outputs for ``prepare_request`` to take over. Such a request costs no stack walk, no
-    parse and no memo entry."""
-    if settings().route_structured_outputs and getattr(params, "structured_outputs", None):
-        return False
-    return not keys_need_admission(getattr(params, "extra_args", None))
-
-
-# Each key's verdict under one ``settings()`` object (a reset starts afresh); bounded.
-_key_verdicts: tuple[Any, dict[Any, bool]] = (None, {})
-_KEY_VERDICTS_MAX = 4096
-
-
-def _key_needs_admission(key: Any, current: Any) -> bool:
-    """Whether an ``extra_args`` key is ours or may be refused by ``refuse_unknown_keys``
-    under the settings ``current`` (remembered: a request's keys are few, and recur)."""
-    global _key_verdicts
-    owner, verdicts = _key_verdicts
-    if owner is not current:
-        verdicts = {}
-        _key_verdicts = (current, verdicts)
-    verdict = verdicts.get(key)
-    if verdict is None:
-        if len(verdicts) >= _KEY_VERDICTS_MAX:
-            verdicts.clear()
-        verdict = verdicts[key] = _decide_key(key, current)
-    return verdict
-
-
-def _decide_key(key: Any, current: Any) -> bool:
-    if key in OPTION_KEYS:
-        return True
-    allowed = current.allowed_extra_args
-    if allowed is None or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
-        return False
-    if current.unknown_extra_args == "pass":
-        return near_miss(str(key)) is not None
-    return True
-
-
-def refuse_unknown_keys(
-    extra_args: Mapping[str, Any], others: frozenset[str] | None = None
-) -> None:
-    """Refuse a key nobody will read, or one that looks like a typo of ours.
-
-    A key is accepted when it is ours, vLLM's (``VLLM_EXTRA_ARGS_KEYS``), declared for
-    another plugin (``CONSTRAINED_ALLOWED_EXTRA_ARGS``), or read by another processor of the
-    engine (``others``: the keys of the processors it builds that are not ours, ``None``
-    when one of them is a processor whose keys we do not know). Any other key is refused
-    ("did you mean" where it is close to one of ours) when ``others`` is known (no processor
-    of the engine would read it), and, whatever ``others``, when it is a near miss of one of
-    our names. ``CONSTRAINED_UNKNOWN_EXTRA_ARGS=pass`` / ``refuse`` overrides the first rule.
-    """
-    current = settings()
-    allowed = current.allowed_extra_args
-    if allowed is None:  # "*": any key
-        return
-    for key in extra_args:
-        if key in OPTION_KEYS or key in VLLM_EXTRA_ARGS_KEYS or key in allowed:
-            continue
-        if others is not None and key in others:
-            continue
-        hint = did_you_mean(str(key))
-        mode = current.unknown_extra_args
-        nobody = mode == "refuse" or (mode == "auto" and others is not None)
-        if not hint and not nobody:
-            continue  # another processor's, maybe: passed through as vLLM does
-        why = "no logits processor of this engine reads it" if nobody else "not one of ours"
-        raise OptionError(
-            str(key),
-            f"unknown option: {why}.{hint} Known options: {', '.join(Options.model_fields)}. "
-            f"Keys meant for another plugin can be allowed with {ALLOWED_KEYS_ENV}=key1,key2.",
-        )
-
-
-def parse_extra_args(
-    extra_args: Mapping[str, Any] | None,
-    *,
-    logits_width: int | None = None,
-    others: frozenset[str] | None = None,
-) -> Options | None:
-    """Our options from ``extra_args`` / ``vllm_xargs``; ``None`` when none is active.
-    ``others``: as ``refuse_unknown_keys``.
-
-    Raises:
-        OptionError: a key is unknown (with a did-you-mean hint), or an option is invalid.
-    """
-    if not extra_args:
-        return None
-    refuse_unknown_keys(extra_args, others)
-    return Options.from_extra_args(extra_args, logits_width=logits_width)
-
-
-# vLLM's own SamplingParams fields with the same meaning as ours: setting both would apply twice.
-_BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
-    "logit_bias": ("logit_bias", lambda value: bool(value)),
-    "min_p": ("min_p", lambda value: bool(value)),
-    "repetition_penalty": ("repetition_penalty", lambda value: value not in (None, 1.0)),
-    "frequency_penalty": ("frequency_penalty", lambda value: bool(value)),
-    "presence_penalty": ("presence_penalty", lambda value: bool(value)),
-}
-
-
-class _RecentByIdentity:
-    """The answers for the ``size`` most recently used objects, each found by identity.
-
-    The object is held while its answer is, so its ``id`` cannot be reused by another one
-    meanwhile; bounded (an answer can hold a request's schema text); thread-safe.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, obj: Any) -> Any:
-        """The answer for ``obj``, or ``None``."""
-        with self._lock:
-            item = self._items.get(id(obj))
-            if item is None or item[0] is not obj:
-                return None
-            self._items.move_to_end(id(obj))
-            return item[1]
-
-    def put(self, obj: Any, answer: Any) -> None:
-        with self._lock:
-            self._items[id(obj)] = (obj, answer)
-            self._items.move_to_end(id(obj))
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-
-    def discard(self, obj: Any) -> None:
-        with self._lock:
-            item = self._items.get(id(obj))
-            if item is not None and item[0] is obj:
-                del self._items[id(obj)]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-
-_MEMO_SIZE = 256
 # Frontend: each request's admission outcome (``validate_at_admission``).
-_admissions = _RecentByIdentity(_MEMO_SIZE)
-# Engine: each request's parse (``options_for_engine``); the engine's params objects are its
-# own copies, never the ones admission saw.
-_engine_parses = _RecentByIdentity(_MEMO_SIZE)
-
-
-def options_from_params(
-    params: Any, *, logits_width: int | None = None, others: frozenset[str] | None = None
-) -> Options | None:
-    """Parse and check a request's ``SamplingParams``: our options, refusing double application.
-    ``others``: as ``refuse_unknown_keys``.
-
-    Parses every time; admission (``validate_at_admission``) and the engine
-    (``options_for_engine``) remember the outcome per request.
-
-    Raises:
-        OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
-    """
-    options = parse_extra_args(
-        getattr(params, "extra_args", None), logits_width=logits_width, others=others
-    )
-    if options is None:
-        return None
-    for field, (builtin, is_set) in _BUILTIN_TWINS.items():
-        if getattr(options, field) is not None and is_set(getattr(params, builtin, None)):
-            raise OptionError(
-                field,
-                f"also set as vLLM's built-in '{builtin}' for this request; set only one "
-                "(both would apply it twice)",
-            )
-    field = options.constraint_field()
-    if field is not None:
-        _refuse_grammar_conflicts(field, params)
-    return options
-
-
-def _refuse_grammar_conflicts(field: str, params: Any) -> None:
-    """Settings that would mask every token a constraint allows (the sampler then picks junk)."""
-    conflicts = {
-        "structured_outputs": "vLLM's own structured outputs constrain the same output",
-        "min_tokens": "it forbids end-of-sequence where the constraint requires it",
-        "allowed_token_ids": "it can forbid every token the constraint allows",
-        "bad_words": "it can forbid every token the constraint allows",
-    }
-    for name, why in conflicts.items():
-        if getattr(params, name, None):
-            raise OptionError(field, f"cannot be combined with vLLM's '{name}': {why}")
+_admissions = RecentByIdentity(MEMO_SIZE)

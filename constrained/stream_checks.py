@@ -31,7 +31,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from constrained.admission import check_xargs, loaded_tokenizer
+from constrained.admission import check_xargs
+from constrained.frontend import loaded_tokenizer
 from constrained.openai_routing import check_tools, route
 from constrained.options import OptionError
 from constrained.settings import settings

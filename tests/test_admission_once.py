@@ -15,8 +15,9 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import constrained
-from constrained import admission
-from constrained.admission import resolve_processor
+from constrained import admission, request_options
+from constrained.engine_processors import resolve_processor
+from constrained.frontend import AdmissionUnavailable
 from constrained.options import OptionError
 
 CLASSES = [resolve_processor(entry) for entry in constrained.LOGITS_PROCESSORS]
@@ -83,7 +84,7 @@ def counts(monkeypatch):
         "constrained.processors.base.validate_at_admission", admission.validate_at_admission
     )
     monkeypatch.setattr(
-        admission, "_find_input_processor", counting("walk", admission._find_input_processor)
+        admission, "find_input_processor", counting("walk", admission.find_input_processor)
     )
     monkeypatch.setattr(admission, "_admit_once", counting("admit", admission._admit_once))
     return seen
@@ -143,22 +144,22 @@ def test_what_needs_admission(monkeypatch):
     def request(extra_args=None, structured_outputs=None):
         return SimpleNamespace(extra_args=extra_args, structured_outputs=structured_outputs)
 
-    assert admission.nothing_to_admit(request())
-    assert admission.nothing_to_admit(request({"session_id": "s", "kv_transfer_params": {}}))
-    assert admission.nothing_to_admit(request(structured_outputs=object()))  # vLLM's own
-    assert not admission.nothing_to_admit(request({"min_p": 0.1}))
-    assert not admission.nothing_to_admit(request({"ngram_size": 3}))  # an alias of ours
-    assert not admission.nothing_to_admit(request({"regx": "a"}))  # a near miss
+    assert request_options.nothing_to_admit(request())
+    assert request_options.nothing_to_admit(request({"session_id": "s", "kv_transfer_params": {}}))
+    assert request_options.nothing_to_admit(request(structured_outputs=object()))  # vLLM's own
+    assert not request_options.nothing_to_admit(request({"min_p": 0.1}))
+    assert not request_options.nothing_to_admit(request({"ngram_size": 3}))  # an alias of ours
+    assert not request_options.nothing_to_admit(request({"regx": "a"}))  # a near miss
     # Another key: whether a processor of the engine reads it is decided at admission.
-    assert not admission.nothing_to_admit(request({"other_plugin_scale": 1}))
+    assert not request_options.nothing_to_admit(request({"other_plugin_scale": 1}))
     # The engine side parses only requests with options of ours.
-    assert not admission.uses_our_options({"other_plugin_scale": 1, "session_id": "s"})
-    assert admission.uses_our_options({"other_plugin_scale": 1, "ngram_size": 3})
+    assert not request_options.uses_our_options({"other_plugin_scale": 1, "session_id": "s"})
+    assert request_options.uses_our_options({"other_plugin_scale": 1, "ngram_size": 3})
     monkeypatch.setenv("CONSTRAINED_UNKNOWN_EXTRA_ARGS", "pass")
     reset()
     try:  # passed whoever reads them: near misses of ours only
-        assert admission.nothing_to_admit(request({"other_plugin_scale": 1}))
-        assert not admission.nothing_to_admit(request({"regx": "a"}))
+        assert request_options.nothing_to_admit(request({"other_plugin_scale": 1}))
+        assert not request_options.nothing_to_admit(request({"regx": "a"}))
     finally:
         monkeypatch.undo()
         reset()
@@ -167,15 +168,15 @@ def test_what_needs_admission(monkeypatch):
     monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "other_plugin_scale")
     reset()
     try:
-        assert not admission.nothing_to_admit(request(structured_outputs=object()))
-        assert not admission.nothing_to_admit(request({"unknown_key": 1}))
-        assert admission.nothing_to_admit(request({"other_plugin_scale": 1}))
+        assert not request_options.nothing_to_admit(request(structured_outputs=object()))
+        assert not request_options.nothing_to_admit(request({"unknown_key": 1}))
+        assert request_options.nothing_to_admit(request({"other_plugin_scale": 1}))
     finally:
         monkeypatch.undo()
         reset()
-    assert not admission.keys_need_admission({"session_id": "s"})
-    assert admission.keys_need_admission({"other_plugin_scale": 1})
-    assert admission.keys_need_admission({"session_id": "s", "typical_p": 0.9})
+    assert not request_options.keys_need_admission({"session_id": "s"})
+    assert request_options.keys_need_admission({"other_plugin_scale": 1})
+    assert request_options.keys_need_admission({"session_id": "s", "typical_p": 0.9})
 
 
 def test_a_refusal_is_raised_by_every_call(frontend, counts):
@@ -272,34 +273,34 @@ def test_a_compile_out_of_time_is_tried_again(frontend, counts, monkeypatch):
 def test_outside_vllm_admission_still_fails_loudly(frontend):
     params = SamplingParams(extra_args={"regex": "[0-9]{3}"})
     admit(frontend, params)  # admitted: remembered for this params object and engine
-    with pytest.raises(admission.AdmissionUnavailable):
+    with pytest.raises(AdmissionUnavailable):
         CLASSES[0].validate_params(params)
 
 
 def test_the_engine_parses_once_per_request(monkeypatch):
     parses = []
-    real = admission.options_from_params
+    real = request_options.options_from_params
     monkeypatch.setattr(
-        admission, "options_from_params", lambda *a, **k: parses.append(1) or real(*a, **k)
+        request_options, "options_from_params", lambda *a, **k: parses.append(1) or real(*a, **k)
     )
     params = SamplingParams(extra_args={"regex": "[0-9]{3}", "min_p": 0.1})
     for _ in CLASSES:
-        options = admission.options_for_engine(params, 512)
+        options = request_options.options_for_engine(params, 512)
         assert options is not None and options.min_p == 0.1
     assert len(parses) == 1
-    admission.options_for_engine(params, 256)  # another width: parsed again
+    request_options.options_for_engine(params, 256)  # another width: parsed again
     assert len(parses) == 2
     bad = SamplingParams(extra_args={"regex": "a", "regx": "a"})
     messages = set()
     for _ in CLASSES:
         with pytest.raises(OptionError) as info:
-            admission.options_for_engine(bad, 512)
+            request_options.options_for_engine(bad, 512)
         messages.add(str(info.value))
     assert len(messages) == 1 and len(parses) == 3
 
 
 def test_memo_is_bounded_and_by_identity():
-    memo = admission._RecentByIdentity(2)
+    memo = request_options.RecentByIdentity(2)
     a, b, c = object(), object(), object()
     memo.put(a, "a")
     memo.put(b, "b")

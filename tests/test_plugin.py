@@ -17,8 +17,8 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import constrained
-from constrained import plugin
-from constrained.admission import resolve_processor
+from constrained import engine_processors, plugin
+from constrained.engine_processors import resolve_processor
 
 
 def _fqcn(cls: type) -> str:
@@ -26,7 +26,7 @@ def _fqcn(cls: type) -> str:
 
 
 def test_entry_points_are_ours_in_application_order():
-    loaded = [e.load() for e in entry_points(group=plugin.LOGITS_GROUP)]
+    loaded = [e.load() for e in entry_points(group=engine_processors.LOGITS_GROUP)]
     ours = [cls for cls in loaded if issubclass(cls, plugin.EntryPoint)]
     assert ours == list(plugin.ENTRY_POINT_CLASSES)
     parents = [_fqcn(cls.__mro__[2]) for cls in ours]
@@ -36,6 +36,27 @@ def test_entry_points_are_ours_in_application_order():
         assert cls.OPTIONS == resolve_processor(entry).OPTIONS
     [endpoint] = [e for e in entry_points(group=plugin.ENDPOINT_GROUP) if e.name == "constrained"]
     assert endpoint.load()().name == plugin.PLUGIN_NAME
+
+
+def test_pyproject_lists_the_processor_table():
+    """``pyproject.toml``'s entry points, ``LOGITS_PROCESSORS`` and the plugin's classes all
+    come from ``processor_table.PROCESSORS``."""
+    import pathlib
+
+    import tomllib
+
+    from constrained import processor_table
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+    assert project["entry-points"][engine_processors.LOGITS_GROUP] == (
+        processor_table.entry_points()
+    )
+    assert [row.path for row in processor_table.PROCESSORS] == constrained.LOGITS_PROCESSORS
+    names = [cls.__name__ for cls in plugin.ENTRY_POINT_CLASSES]
+    assert names == [row.name for row in processor_table.PROCESSORS]
+    for cls in plugin.ENTRY_POINT_CLASSES:
+        assert getattr(plugin, cls.__name__) is cls and cls.__module__ == "constrained.plugin"
 
 
 def test_both_vllm_loaders_accept_the_entry_points():
@@ -51,13 +72,13 @@ def test_both_vllm_loaders_accept_the_entry_points():
 
 def test_entry_point_is_inert_when_the_flag_names_ours():
     config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=["x.y:Other"]))
-    assert plugin.entry_points_active(config)
+    assert engine_processors.entry_points_active(config)
     for flag in (
         constrained.LOGITS_PROCESSORS,
         [resolve_processor(constrained.LOGITS_PROCESSORS[0])],
     ):
         config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=flag))
-        assert not plugin.entry_points_active(config)
+        assert not engine_processors.entry_points_active(config)
         proc = plugin.GrammarMaskProcessor(config, torch.device("cpu"), False)
         logits = torch.zeros(2, 8)
         assert proc.inert and proc.apply(logits) is logits
@@ -76,21 +97,23 @@ def _config(**changes):
 
 def test_applied_options_where_vllm_builds_none():
     every = frozenset(constrained.Options.model_fields) - {"close_at_max_tokens"}
-    applied, reasons = plugin.applied_options(_config())
+    applied, reasons = engine_processors.applied_options(_config())
     assert {"json_schema", "min_p", "dry_multiplier", "xtc_probability"} <= applied
     assert not reasons
     pooling = _config(model_config=SimpleNamespace(logits_processors=None, runner_type="pooling"))
-    applied, reasons = plugin.applied_options(pooling)
+    applied, reasons = engine_processors.applied_options(pooling)
     assert not applied and "pooling" in reasons["json_schema"]
     spec = _config(speculative_config=SimpleNamespace(num_speculative_tokens=2))
-    applied, reasons = plugin.applied_options(spec)
+    applied, reasons = engine_processors.applied_options(spec)
     assert not applied and "speculative decoding" in reasons["min_p"]
     # V2 builds entry points with speculative decoding.
-    applied, _ = plugin.applied_options(_config(use_v2_model_runner=True, speculative_config=1))
+    applied, _ = engine_processors.applied_options(
+        _config(use_v2_model_runner=True, speculative_config=1)
+    )
     assert "json_schema" in applied
     # V1 + async scheduling: processors reading output tokens are refused, others kept.
     async_v1 = _config(scheduler_config=SimpleNamespace(async_scheduling=True))
-    applied, reasons = plugin.applied_options(async_v1)
+    applied, reasons = engine_processors.applied_options(async_v1)
     assert {"min_p", "logit_bias", "xtc_probability", "top_n_sigma"} <= applied
     assert "json_schema" in reasons and "async scheduling" in reasons["frequency_penalty"]
     assert every & applied | set(reasons) >= {"json_schema", "dry_multiplier", "min_p"}
@@ -176,7 +199,7 @@ def test_a_key_nobody_reads_is_refused_naming_it(frontend):
 def test_vllms_own_keys_pass(frontend):
     """The keys vLLM itself reads from ``extra_args`` (``VLLM_EXTRA_ARGS_KEYS``) are never
     refused, beside ours or alone."""
-    from constrained.admission import VLLM_EXTRA_ARGS_KEYS
+    from constrained.request_options import VLLM_EXTRA_ARGS_KEYS
 
     values = {"kv_transfer_params": {"do_remote_prefill": False}, "session_id": "s-1",
               "kv_cache_report_mode": "incremental"}  # fmt: skip
@@ -194,7 +217,7 @@ def test_vllm_reads_no_other_extra_args_keys():
 
     import vllm
 
-    from constrained.admission import OPTION_KEYS, VLLM_EXTRA_ARGS_KEYS
+    from constrained.request_options import OPTION_KEYS, VLLM_EXTRA_ARGS_KEYS
 
     found: dict[str, str] = {}
     for path in pathlib.Path(vllm.__file__).parent.rglob("*.py"):
@@ -233,10 +256,10 @@ def test_keys_pass_where_a_processor_we_do_not_know_is_built(frontend, monkeypat
     module, _, name = OCR.partition(":")
     ocr = type(name, (), {"__module__": module, "__qualname__": name})
     config = _config(model_config=SimpleNamespace(logits_processors=[ocr], runner_type="generate"))
-    assert plugin.keys_of_other_processors(config) == {"ngram_size", "window_size",
+    assert engine_processors.keys_of_other_processors(config) == {"ngram_size", "window_size",
                                                        "whitelist_token_ids"}  # fmt: skip
     foreign = _config(model_config=SimpleNamespace(logits_processors=[FOREIGN, ocr]))
-    assert plugin.keys_of_other_processors(foreign) is None
+    assert engine_processors.keys_of_other_processors(foreign) is None
     monkeypatch.setenv("CONSTRAINED_ALLOWED_EXTRA_ARGS", "min_q,other_plugin_scale")
     reset()
     try:

@@ -16,7 +16,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import constrained
-from constrained.admission import AdmissionUnavailable, input_processor_at_admission
+from constrained.frontend import AdmissionUnavailable, input_processor_at_admission
 from constrained.processors import GrammarMaskProcessor
 
 # One request per processor, using only that processor's options.

@@ -43,9 +43,10 @@ def run_select(
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-    from constrained.admission import options_from_params, spec_of
+    from constrained.admission import spec_of
     from constrained.grammars import load_vocab
     from constrained.grammars.compiler import compiler_for, describe
+    from constrained.request_options import options_from_params
     from constrained.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())

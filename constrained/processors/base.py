@@ -20,11 +20,12 @@ from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor as V1LogitsProcessor
 
-from constrained.admission import options_for_engine, uses_our_options, validate_at_admission
+from constrained.admission import validate_at_admission
 from constrained.options import OptionError, Options
 from constrained.processors.runners import Rows, layout_for
 from constrained.processors.slots import Column, SlotTable
 from constrained.processors.stats import REPORTER
+from constrained.request_options import options_for_engine, uses_our_options
 
 try:  # vLLM 0.32+; older releases have only the V1 interface.
     from vllm.v1.worker.gpu.sample.logits_processor.interface import (
