@@ -10,7 +10,6 @@ the slot-level hooks below and choose their own runner-specific parts with ``lay
 
 from __future__ import annotations
 
-import weakref
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +21,7 @@ from vllm.v1.sample.logits_processor.interface import LogitsProcessor as V1Logit
 
 from constrained.admission import validate_at_admission
 from constrained.options import OptionError, Options
+from constrained.processors.fused_pass import fused_pass_for
 from constrained.processors.runners import Rows, layout_for
 from constrained.processors.slots import Column, SlotTable
 from constrained.processors.stats import REPORTER
@@ -59,6 +59,8 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
     # The per-request options this processor applies. Admission refuses a request that sets
     # an option no registered processor applies, so an option is never silently dropped.
     OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    # Its part in the V2 fused pass ("bias", "penalties", "min_p": fused_pass.py), if any.
+    FUSES: ClassVar[str | None] = None
 
     def __init__(self, vllm_config: VllmConfig, *runner_args: Any) -> None:
         self.vllm_config = vllm_config
@@ -69,10 +71,11 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
         self.logits_width = self.layout.logits_width
         self.slots = SlotTable(self.layout.capacity, self.layout.device, self.columns())
         self.slots.flush()
-        # The processors one engine built, in construction (= application) order, so that
-        # neighbours can share a pass over the logits (penalties.py fuses bias and min-p).
-        self.peers = peers_of(self.layout)
-        self.peers.append(self)
+        # Under V2, the runner's one pass for bias, penalties and min-p (fused_pass.py), which
+        # every processor joins as it is built, in application order; None under V1.
+        self.fused = fused_pass_for(self.layout, vllm_config)
+        if self.fused is not None:
+            self.fused.register(self)
         REPORTER.register(self, self.layout.placement.tag)
 
     # ---- what a subclass provides ------------------------------------------------------
@@ -174,35 +177,3 @@ class DualInterfaceProcessor(V1LogitsProcessor, V2LogitsProcessor):
 def _any_options(batch_update: BatchUpdate) -> bool:
     """Whether a request added by this V1 batch update may set an option of ours."""
     return any(uses_our_options(getattr(a[1], "extra_args", None)) for a in batch_update.added)
-
-
-class Peers:
-    """The processors one model runner built, in construction (= application) order, held
-    weakly (a runner's processors and request state die with it)."""
-
-    def __init__(self) -> None:
-        self._refs: list[weakref.ref] = []
-
-    def append(self, proc: DualInterfaceProcessor) -> None:
-        self._refs.append(weakref.ref(proc))
-
-    def live(self) -> list[DualInterfaceProcessor]:
-        return [p for p in (ref() for ref in self._refs) if p is not None]
-
-
-_PEERS: dict[int, tuple[weakref.ref, Peers]] = {}
-
-
-def peers_of(layout: Any) -> Peers:
-    """The ``Peers`` of the runner that built ``layout``: keyed by V2's request state (one per
-    model runner); under V1 each processor is alone (nothing fuses there)."""
-    owner = layout.req_states
-    if owner is None:
-        return Peers()
-    for key in [k for k, (ref, _) in _PEERS.items() if ref() is None]:
-        del _PEERS[key]
-    entry = _PEERS.get(id(owner))
-    if entry is None or entry[0]() is not owner:
-        entry = (weakref.ref(owner), Peers())
-        _PEERS[id(owner)] = entry
-    return entry[1]

@@ -36,9 +36,9 @@ class LogitBiasProcessor(DualInterfaceProcessor):
             "biases": Column(torch.float32, NEUTRAL_BIAS, width=1),
         }
 
-    # Under V2, the PenaltiesProcessor built right after this one applies the bias in its
-    # first kernel (penalty_kernel.py); this processor's own ``apply`` then does nothing.
-    fused_with: Any = None
+    # Under V2, a PenaltiesProcessor built right after this one applies the bias in the
+    # runner's fused pass (fused_pass.py); this processor's own ``apply`` then does nothing.
+    FUSES = "bias"
 
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The device ``(token_ids, biases)`` tables, [slots, K] each."""
@@ -46,7 +46,7 @@ class LogitBiasProcessor(DualInterfaceProcessor):
         return table["token_ids"], table["biases"]
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        if self.fused_with is not None and ctx is not None:
+        if ctx is not None and self.fused is not None and self.fused.skips_bias(self):
             return logits
         return super().apply(logits, ctx)
 

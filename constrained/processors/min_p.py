@@ -33,6 +33,7 @@ class MinPProcessor(DualInterfaceProcessor):
         SamplingParams(temperature=0.8, extra_args={"min_p": 0.1})
     """
 
+    FUSES = "min_p"
     OPTIONS = frozenset({"min_p"})
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -40,19 +41,6 @@ class MinPProcessor(DualInterfaceProcessor):
         # V1 runs us after vLLM divides by temperature; V2 before, so the request's T scales.
         self.threshold_temperature = self.layout.pick(_after_temperature, _before_temperature)
         self.scratch: dict = {}
-        # Under V2, an earlier PenaltiesProcessor of this runner applies min-p in its fused
-        # kernels whenever none of our processors between it and this one has a row in the
-        # call (penalties.py); only when every processor in the configured list is ours.
-        self.fused_with: Any = None
-        if self.layout.req_states is not None and _only_ours(vllm_config):
-            from constrained.processors.penalties import PenaltiesProcessor
-
-            built = self.peers.live()[:-1]
-            owners = [i for i, p in enumerate(built) if isinstance(p, PenaltiesProcessor)]
-            if owners:
-                owner = built[owners[-1]]
-                owner.min_p, owner.between = self, built[owners[-1] + 1 :]
-                self.fused_with = owner
 
     def columns(self) -> dict[str, Column]:
         # T * log(min_p) per slot; -inf disables the row.
@@ -71,9 +59,8 @@ class MinPProcessor(DualInterfaceProcessor):
         return True
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        fused = ctx is not None and self.fused_with is not None
-        if fused and self.fused_with.min_p_done_for is ctx:
-            return logits  # done in the penalties' kernels this call
+        if ctx is not None and self.fused is not None and self.fused.skips_min_p(self, ctx):
+            return logits  # done in the runner's fused pass this call
         return super().apply(logits, ctx)
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -84,23 +71,6 @@ class MinPProcessor(DualInterfaceProcessor):
                 scratch=self.scratch,
             )  # fmt: skip
         return apply_min_p(logits, self.slots.gather("log_min_p", rows))
-
-
-def _only_ours(vllm_config: Any) -> bool:
-    """Whether no foreign processor can run between our penalties and min-p: every class the
-    engine's flag names is ours (vLLM builds entry-point plugins first, before the flag's), or,
-    without a flag, every ``vllm.logits_processors`` entry point is ours."""
-    model_config = getattr(vllm_config, "model_config", None)
-    names = list(getattr(model_config, "logits_processors", None) or ())
-    if not names:
-        from importlib.metadata import entry_points
-
-        names = [ep.value for ep in entry_points(group="vllm.logits_processors")]
-    for entry in names:
-        name = entry if isinstance(entry, str) else f"{entry.__module__}.{entry.__qualname__}"
-        if not name.startswith("constrained."):
-            return False
-    return True
 
 
 def _after_temperature(params: SamplingParams) -> float:

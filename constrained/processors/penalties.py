@@ -44,6 +44,7 @@ class PenaltiesProcessor(DualInterfaceProcessor):
                                    "penalty_last_n": 64})
     """
 
+    FUSES = "penalties"
     OPTIONS = frozenset(
         {"repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n",
          "penalty_scope"}
@@ -65,18 +66,6 @@ class PenaltiesProcessor(DualInterfaceProcessor):
         spec = getattr(vllm_config, "speculative_config", None)
         drafts = getattr(spec, "num_speculative_tokens", 0) or 0
         self.counts = self._counts_class()(self.slots, self.layout, 1 + drafts)
-        # Under V2, the neighbours whose work this processor's kernels do (see ``apply``).
-        self.bias: Any = None  # the LogitBiasProcessor built just before this one
-        self.min_p: Any = None  # a MinPProcessor built after, set by it (min_p.py)
-        self.between: list[Any] = []  # our processors between this one and that min-p
-        self.min_p_done_for: Any = None  # the V2 call whose min-p the kernels applied
-        if self.layout.req_states is not None:
-            from constrained.processors.logit_bias import LogitBiasProcessor
-
-            built = self.peers.live()
-            if len(built) >= 2 and isinstance(built[-2], LogitBiasProcessor):
-                self.bias = built[-2]
-                self.bias.fused_with = self
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -104,27 +93,9 @@ class PenaltiesProcessor(DualInterfaceProcessor):
         return self.counts.apply(logits, rows)
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        """Under V2, one fused step for the rows of this call that need it: the preceding
-        ``logit_bias`` (which then does nothing itself), these penalties, and ``min_p`` when
-        none of our processors between here and it has a row in this call (it runs last of
-        ours, so its result is the same). At most three launches; skipped parts cost none."""
-        if ctx is None or self.layout.req_states is None:
-            return super().apply(logits, ctx)
-        bias = self.bias is not None and self.bias.uses_rows(ctx)
-        penalties = self.uses_rows(ctx)
-        min_p = (
-            self.min_p is not None
-            and self.min_p.uses_rows(ctx)
-            and not any(peer.uses_rows(ctx) for peer in self.between)
-        )
-        self.min_p_done_for = ctx if min_p else None
-        if not (bias or penalties or min_p):
-            return logits
-        rows = Rows(logits.shape[0], ctx.expanded_idx_mapping, ctx)
-        return self.counts.apply(
-            logits,
-            rows,
-            penalties=penalties,
-            bias=self.bias.tables() if bias else None,
-            log_min_p=self.min_p.slots.device_tables["log_min_p"] if min_p else None,
-        )
+        """Under V2, the runner's fused pass (``fused_pass.py``): the preceding
+        ``logit_bias``, these penalties and, when it can, ``min_p``, in at most three
+        launches."""
+        if ctx is not None and self.fused is not None and self.fused.runs(self):
+            return self.fused.apply(logits, ctx)
+        return super().apply(logits, ctx)
