@@ -62,8 +62,17 @@ VLLM_OCR_ALIASES = {
     "whitelist_token_ids": "ngram_whitelist",
 }
 VLLM_OCR_DEFAULT_WINDOW = 100  # that processor's window_size when a request omits it
-# The samplers' numeric options: (low, high or None, low excluded, why), one rule each.
-SAMPLER_RANGES: dict[str, tuple[float, float | None, bool, str]] = {
+# The options whose twins in vLLM's SamplingParams are floats: an integer given is kept as one.
+AS_FLOAT = frozenset({"min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"})
+# The numeric options' ranges: (low, high or None, low excluded, why), one rule each.
+RANGES: dict[str, tuple[float, float | None, bool, str]] = {
+    "min_p": (0, 1, False, ""),
+    "repetition_penalty": (0, None, True, " (1 = off)"),
+    "frequency_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT, False, ""),
+    "presence_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT, False, ""),
+    "penalty_last_n": (0, MAX_PENALTY_WINDOW, False, " (0 = no window)"),
+    "max_whitespace": (0, MAX_WHITESPACE_LIMIT, False, ""),
+    "max_reasoning_tokens": (0, None, False, ""),
     "dry_multiplier": (0, None, False, " (0 = off)"),
     "dry_base": (1, None, False, ""),
     "dry_allowed_length": (1, MAX_PENALTY_WINDOW, False, ""),
@@ -261,26 +270,7 @@ class Options(BaseModel):
     @field_validator("choice", mode="before")
     @classmethod
     def _parse_choice(cls, value: Any) -> Any:
-        if isinstance(value, str):  # vllm_xargs may carry the list as JSON text
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
-        if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
-            raise ValueError(f"must be a list of strings, got {value!r:.80}")
-        if not value:
-            raise ValueError("must not be empty")
-        if len(value) > MAX_CHOICES:
-            raise ValueError(f"at most {MAX_CHOICES} strings, got {len(value)}")
-        if any(not c for c in value):
-            raise ValueError("must not contain an empty string")
-        repeated = sorted({c for c in value if value.count(c) > 1})
-        if repeated:
-            raise ValueError(f"must not repeat a string, got {repeated[0]!r} twice")
-        from constrained.grammars.spec import choice_regex
-
-        choice_regex(value)  # refuses control characters, naming them
-        return value
+        return parse_choice(value)
 
     @field_validator("reasoning_end")
     @classmethod
@@ -291,89 +281,19 @@ class Options(BaseModel):
             raise ValueError(f"at most {MAX_REASONING_MARKER_CHARS} characters, got {len(value)}")
         return value
 
-    @field_validator("max_reasoning_tokens")
-    @classmethod
-    def _check_reasoning_budget(cls, value: int | None) -> int | None:
-        if value is not None and value < 0:
-            raise ValueError(f"must be >= 0, got {value}")
-        return value
-
-    @field_validator("max_whitespace")
-    @classmethod
-    def _check_max_whitespace(cls, value: int | None) -> int | None:
-        if value is not None and not 0 <= value <= MAX_WHITESPACE_LIMIT:
-            raise ValueError(f"must be in [0, {MAX_WHITESPACE_LIMIT}], got {value}")
-        return value
-
     @field_validator("logit_bias", mode="before")
     @classmethod
     def _parse_logit_bias(cls, value: Any) -> Any:
-        if isinstance(value, str):  # vllm_xargs carries mappings as JSON text
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"must be a mapping of token id to bias, got {type(value).__name__}")
-        parsed: dict[int, Any] = {}
-        for key, bias in value.items():
-            token_id = _token_id(key)
-            if isinstance(bias, bool) or not isinstance(bias, int | float):
-                raise ValueError(f"bias for token {key!r} must be a number, got {bias!r}")
-            bias = _finite(bias)
-            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
-                raise ValueError(
-                    f"bias for token {token_id} is {bias}, outside "
-                    f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]"
-                )
-            parsed[token_id] = bias
-        return parsed
+        return parse_logit_bias(value)
 
-    @field_validator("min_p")
-    @classmethod
-    def _check_min_p(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"must be in [0, 1], got {value}")
-        return value
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _check_repetition(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if value <= 0:
-            raise ValueError(f"must be > 0 (1 = off), got {value}")
-        return value
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _check_penalty(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        value = _finite(value)
-        if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
-            raise ValueError(f"must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}], got {value}")
-        return value
-
-    @field_validator("penalty_last_n")
-    @classmethod
-    def _check_window(cls, value: int | None) -> int | None:
-        if value is not None and not 0 <= value <= MAX_PENALTY_WINDOW:
-            raise ValueError(f"must be in [0, {MAX_PENALTY_WINDOW}] (0 = no window), got {value}")
-        return value
-
-    @field_validator(*SAMPLER_RANGES)
+    @field_validator(*RANGES)
     @classmethod
     def _check_sampler_range(cls, value: float | None, info: ValidationInfo) -> float | None:
-        """One range rule per sampler option (``SAMPLER_RANGES``)."""
+        """One range rule per numeric option (``RANGES``)."""
         if value is None:
             return None
-        low, high, low_open, why = SAMPLER_RANGES[info.field_name]
-        if isinstance(value, float):
+        low, high, low_open, why = RANGES[info.field_name]
+        if isinstance(value, float) or info.field_name in AS_FLOAT:
             value = _finite(value)
         below = value <= low if low_open else value < low
         if below or (high is not None and value > high):
@@ -428,53 +348,15 @@ class Options(BaseModel):
                 options = cls.model_validate(ours)
             except ValidationError as exc:
                 raise _option_error(exc) from None
-            options.check_grammar_options()
-            options.check_requirements()
+            _check_grammar_options(options)
+            _check_requirements(options)
             if logits_width is not None:
-                options.check_token_ids(logits_width)
+                _check_token_ids(options, logits_width)
         except OptionError as error:
             if error.field in aliased:  # name the key the request used
                 raise OptionError(aliased[error.field], error.reason) from None
             raise
         return options if options.is_active() else None
-
-    def check_grammar_options(self) -> None:
-        """Refuse two constraints at once, and grammar settings that would do nothing."""
-        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]
-        if len(given) > 1:
-            raise OptionError(
-                given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
-            )
-        if not given:
-            for name in ("grammar_backend", "close_at_max_tokens", "reasoning_end",
-                         "max_reasoning_tokens", *JSON_ONLY_FIELDS):  # fmt: skip
-                if getattr(self, name) is not None:
-                    raise OptionError(
-                        name, f"has no effect without one of {', '.join(GRAMMAR_FIELDS)}"
-                    )
-            return
-        kind = CONSTRAINT_KINDS[given[0]]
-        if kind not in JSON_KINDS:
-            for name in JSON_ONLY_FIELDS:
-                if getattr(self, name) is not None:
-                    raise OptionError(
-                        name, f"applies to json_schema and structural_tag only, not {given[0]}"
-                    )
-        if self.grammar_backend not in (None, AUTO):
-            kinds = get_backend(self.grammar_backend).kinds
-            if kind not in kinds:
-                raise OptionError(
-                    "grammar_backend",
-                    f"{self.grammar_backend} compiles {', '.join(sorted(kinds))}, not {given[0]}",
-                )
-        if self.max_whitespace is not None and self.whitespace != "flexible":
-            raise OptionError("max_whitespace", 'needs whitespace="flexible"')
-
-    def check_requirements(self) -> None:
-        """Refuse an option given without the option it modifies (it would do nothing)."""
-        for name, needs in REQUIRES.items():
-            if getattr(self, name) is not None and getattr(self, needs) is None:
-                raise OptionError(name, f"has no effect without {needs}")
 
     def constraint_field(self) -> str | None:
         """The constraint option the request gave (``json_schema``, ``choice`` ...), if any."""
@@ -497,21 +379,6 @@ class Options(BaseModel):
         if name == "json_object":
             return "json_schema", JSON_OBJECT_SCHEMA
         return name, getattr(self, name)
-
-    def check_token_ids(self, logits_width: int) -> None:
-        """Refuse token ids outside ``[0, logits_width)``."""
-        for token_id in self.logit_bias or {}:
-            if not 0 <= token_id < logits_width:
-                raise OptionError(
-                    "logit_bias",
-                    f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
-                )
-        for token_id in self.ngram_whitelist or ():
-            if not 0 <= token_id < logits_width:
-                raise OptionError(
-                    "ngram_whitelist",
-                    f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
-                )
 
     def is_active(self) -> bool:
         """True when some option would change the logits."""
@@ -547,6 +414,106 @@ class Options(BaseModel):
         if "logit_bias" in out:
             out["logit_bias"] = json.dumps({str(k): v for k, v in out["logit_bias"].items()})
         return out
+
+
+def parse_choice(value: Any) -> Any:
+    if isinstance(value, str):  # vllm_xargs may carry the list as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+        raise ValueError(f"must be a list of strings, got {value!r:.80}")
+    if not value:
+        raise ValueError("must not be empty")
+    if len(value) > MAX_CHOICES:
+        raise ValueError(f"at most {MAX_CHOICES} strings, got {len(value)}")
+    if any(not c for c in value):
+        raise ValueError("must not contain an empty string")
+    repeated = sorted({c for c in value if value.count(c) > 1})
+    if repeated:
+        raise ValueError(f"must not repeat a string, got {repeated[0]!r} twice")
+    from constrained.grammars.spec import choice_regex
+
+    choice_regex(value)  # refuses control characters, naming them
+    return value
+
+
+def parse_logit_bias(value: Any) -> Any:
+    if isinstance(value, str):  # vllm_xargs carries mappings as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping of token id to bias, got {type(value).__name__}")
+    parsed: dict[int, Any] = {}
+    for key, bias in value.items():
+        token_id = _token_id(key)
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ValueError(f"bias for token {key!r} must be a number, got {bias!r}")
+        bias = _finite(bias)
+        if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise ValueError(
+                f"bias for token {token_id} is {bias}, outside "
+                f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]"
+            )
+        parsed[token_id] = bias
+    return parsed
+
+
+def _check_grammar_options(options: Options) -> None:
+    """Refuse two constraints at once, and grammar settings that would do nothing."""
+    given = [name for name in GRAMMAR_FIELDS if getattr(options, name) not in (None, False)]
+    if len(given) > 1:
+        raise OptionError(
+            given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} per request; got {given}"
+        )
+    if not given:
+        for name in ("grammar_backend", "close_at_max_tokens", "reasoning_end",
+                     "max_reasoning_tokens", *JSON_ONLY_FIELDS):  # fmt: skip
+            if getattr(options, name) is not None:
+                raise OptionError(name, f"has no effect without one of {', '.join(GRAMMAR_FIELDS)}")
+        return
+    kind = CONSTRAINT_KINDS[given[0]]
+    if kind not in JSON_KINDS:
+        for name in JSON_ONLY_FIELDS:
+            if getattr(options, name) is not None:
+                raise OptionError(
+                    name, f"applies to json_schema and structural_tag only, not {given[0]}"
+                )
+    if options.grammar_backend not in (None, AUTO):
+        kinds = get_backend(options.grammar_backend).kinds
+        if kind not in kinds:
+            raise OptionError(
+                "grammar_backend",
+                f"{options.grammar_backend} compiles {', '.join(sorted(kinds))}, not {given[0]}",
+            )
+    if options.max_whitespace is not None and options.whitespace != "flexible":
+        raise OptionError("max_whitespace", 'needs whitespace="flexible"')
+
+
+def _check_requirements(options: Options) -> None:
+    """Refuse an option given without the option it modifies (it would do nothing)."""
+    for name, needs in REQUIRES.items():
+        if getattr(options, name) is not None and getattr(options, needs) is None:
+            raise OptionError(name, f"has no effect without {needs}")
+
+
+def _check_token_ids(options: Options, logits_width: int) -> None:
+    """Refuse token ids outside ``[0, logits_width)``."""
+    for token_id in options.logit_bias or {}:
+        if not 0 <= token_id < logits_width:
+            raise OptionError(
+                "logit_bias",
+                f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
+            )
+    for token_id in options.ngram_whitelist or ():
+        if not 0 <= token_id < logits_width:
+            raise OptionError(
+                "ngram_whitelist",
+                f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
+            )
 
 
 def _resolve_aliases(extra_args: Mapping[str, Any], ours: dict[str, Any]) -> dict[str, str]:
