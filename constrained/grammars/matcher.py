@@ -78,6 +78,7 @@ request's stack.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -87,27 +88,28 @@ if TYPE_CHECKING:
     import torch
 
 
-class Matcher:
-    """One request's grammar state (see the module docstring for the contract)."""
+class Matcher(ABC):
+    """One request's grammar state (see the module docstring for the contract): the five
+    core methods are abstract, the hooks have defaults."""
 
     #: Set when a refused token was consumed or the layer failed: the matcher is dead and
     #: allows only end-of-sequence from then on.
     error: str | None = None
 
-    def consume(self, tokens: Sequence[int]) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def consume(self, tokens: Sequence[int]) -> bool: ...
 
-    def try_consume(self, tokens: Sequence[int]) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def try_consume(self, tokens: Sequence[int]) -> int: ...
 
-    def rollback(self, num_tokens: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None: ...
 
-    def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def fill(self, bitmask: torch.Tensor, row: int) -> None: ...
 
-    def accepts_end(self) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def accepts_end(self) -> bool: ...
 
     # -- optional hooks ---------------------------------------------------------------
 
@@ -131,6 +133,7 @@ class Matcher:
 
     def narrow(self, bitmask: torch.Tensor, row: int) -> None:
         """A bottom matcher refuses nothing beyond its own fill."""
+        return None
 
     @property
     def bottom(self) -> Matcher:
@@ -155,6 +158,7 @@ class Matcher:
 
     def read_prompt(self, tail: Sequence[int]) -> None:
         """A stack that reads no prompt ignores it."""
+        return None
 
     def suffixes(self) -> list[list[int]]:
         return []
