@@ -27,8 +27,9 @@ import torch
 
 from constrained.processors.runners import Rows
 
-# A runner's pass, by its request state (one per V2 model runner); weak: it dies with them.
-_PASSES: weakref.WeakKeyDictionary[Any, FusedPass] = weakref.WeakKeyDictionary()
+# A runner's pass, by the id of its request state (one per V2 model runner; it may not be
+# hashable), held with a weak reference to it: a pass dies with its runner.
+_PASSES: dict[int, tuple[weakref.ref, FusedPass]] = {}
 
 
 def fused_pass_for(layout: Any, vllm_config: Any) -> FusedPass | None:
@@ -36,10 +37,15 @@ def fused_pass_for(layout: Any, vllm_config: Any) -> FusedPass | None:
     owner = layout.req_states
     if owner is None:
         return None
-    found = _PASSES.get(owner)
-    if found is None:
-        found = _PASSES[owner] = FusedPass(only_ours_configured(vllm_config))
-    return found
+    for key in [k for k, (ref, _) in _PASSES.items() if ref() is None]:
+        del _PASSES[key]
+    entry = _PASSES.get(id(owner))
+    if entry is None or entry[0]() is not owner:
+        entry = _PASSES[id(owner)] = (
+            weakref.ref(owner),
+            FusedPass(only_ours_configured(vllm_config)),
+        )
+    return entry[1]
 
 
 class FusedPass:
