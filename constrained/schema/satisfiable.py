@@ -297,13 +297,13 @@ class _Judge:
 
 def _arrays_empty(judge: _Judge, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
     where = flat[0][0]
-    low, low_from = _tightest(flat, "minItems", max, 0)
-    high, high_from = _tightest(flat, "maxItems", min, math.inf)
-    if low > high:
-        return Contradiction(
-            ("minItems", "maxItems"),
-            f"'minItems' {low} ({low_from}) is above 'maxItems' {high} ({high_from})",
-        )
+    crossed = _crossed(flat, "minItems", "maxItems")
+    if crossed is not None:
+        return crossed
+    low, high = (
+        _tightest(flat, "minItems", max, 0)[0],
+        _tightest(flat, "maxItems", min, math.inf)[0],
+    )
     items = _ItemPositions(flat)
     room, closed_by = high, None
     for index in range(items.prefix_length + 1):
@@ -408,13 +408,10 @@ def _unique_empty(
 
 def _objects_empty(judge: _Judge, flat: list[tuple[str, dict]], depth: int) -> Contradiction | None:
     where = flat[0][0]
-    low, low_from = _tightest(flat, "minProperties", max, 0)
+    crossed = _crossed(flat, "minProperties", "maxProperties")
+    if crossed is not None:
+        return crossed
     high, high_from = _tightest(flat, "maxProperties", min, math.inf)
-    if low > high:
-        return Contradiction(
-            ("minProperties", "maxProperties"),
-            f"'minProperties' {low} ({low_from}) is above 'maxProperties' {high} ({high_from})",
-        )
     required = list(
         dict.fromkeys(name for _, node in flat for name in _strings(node.get("required")))
     )
@@ -596,14 +593,7 @@ def _first_multiple(low: Any, opened: bool, step: int) -> int | None:
 
 
 def _strings_empty(flat: list[tuple[str, dict]]) -> Contradiction | None:
-    low, low_from = _tightest(flat, "minLength", max, 0)
-    high, high_from = _tightest(flat, "maxLength", min, math.inf)
-    if low > high:
-        return Contradiction(
-            ("minLength", "maxLength"),
-            f"'minLength' {low} ({low_from}) is above 'maxLength' {high} ({high_from})",
-        )
-    return None
+    return _crossed(flat, "minLength", "maxLength")
 
 
 def _small_domain(flat: list[tuple[str, dict]]) -> list[Any] | None:
@@ -711,6 +701,17 @@ def _values_are(node: dict, keyword: str, values: list[Any]) -> bool:
         return False
     own = [node["const"]] if keyword == "const" else node["enum"]
     return own is values or own == values
+
+
+def _crossed(flat: list[tuple[str, dict]], least: str, most: str) -> Contradiction | None:
+    """The contradiction when the tightest ``least`` count bound of the conjuncts is above
+    their tightest ``most`` (``minItems`` / ``maxItems``...)."""
+    low, low_from = _tightest(flat, least, max, 0)
+    high, high_from = _tightest(flat, most, min, math.inf)
+    if low <= high:
+        return None
+    why = f"'{least}' {low} ({low_from}) is above '{most}' {high} ({high_from})"
+    return Contradiction((least, most), why)
 
 
 def _tightest(flat: list[tuple[str, dict]], keyword: str, pick: Any, default: Any) -> tuple:
