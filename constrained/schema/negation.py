@@ -200,6 +200,39 @@ def _negate_keyword(
     keyword: str, value: Any, schema: dict, kinds: frozenset[str], at: _Within
 ) -> Any:
     """Instances of ``kinds`` that fail ``keyword`` (``False``: none), or ``None``."""
+    if keyword in _BOUNDS or keyword in _NUMERIC_BOUNDS:
+        return _negate_bound(keyword, value, kinds)
+    if keyword in ("enum", "const"):
+        return _outside_values(value if keyword == "enum" else [value], kinds)
+    if keyword == "required":
+        if "object" not in kinds or not value:
+            return False
+        return {"type": "object", **_any_of_fields([lacks(name) for name in value])}
+    if keyword == "properties":
+        return _negate_properties(value, kinds, at)
+    if keyword == "additionalItems" or (keyword == "items" and not isinstance(value, list)):
+        return _negate_item_rule(keyword, value, schema, kinds, at)
+    if keyword == "additionalProperties":
+        return _negate_additional(value, schema, kinds, at)
+    if keyword == "uniqueItems" and value is False:
+        return False
+    if keyword == "format" and is_unknown_format(value):
+        return False  # asserts nothing
+    if keyword in ("anyOf", "allOf") and isinstance(value, list):
+        parts = [_negate(sub, kinds, at) for sub in value]
+        if any(p is None for p in parts):
+            return None
+        if keyword == "anyOf":
+            return all_of(parts)
+        kept = [p for p in parts if p is not False]
+        return any_of(kept) if kept else False
+    if keyword == "not":
+        return value  # ¬¬S = S
+    return None
+
+
+def _negate_bound(keyword: str, value: Any, kinds: frozenset[str]) -> Any:
+    """``¬`` of a length, count or numeric bound, over the kinds it applies to."""
     if keyword in _BOUNDS:
         applies, opposite, step = _BOUNDS[keyword]
         if not kinds & applies:
@@ -210,64 +243,48 @@ def _negate_keyword(
         if bound < 0:
             return False  # minLength 0 and the like fail nothing
         return {"type": type_of(applies), opposite: bound}
-    if keyword in _NUMERIC_BOUNDS:
-        if not kinds & _NUMBERS:
-            return False
-        if not is_number(value):
-            return None  # draft 4's boolean exclusiveMinimum changes its sibling's meaning
-        number_type = type_of(kinds & _NUMBERS)
-        return None if number_type is None else {
-            "type": number_type, _NUMERIC_BOUNDS[keyword]: value
-        }  # fmt: skip
-    if keyword in ("enum", "const"):
-        return _outside_values(value if keyword == "enum" else [value], kinds)
-    if keyword == "required":
-        if "object" not in kinds or not value:
-            return False
-        return {"type": "object", **_any_of_fields([lacks(name) for name in value])}
-    if keyword == "properties":
-        if "object" not in kinds or not isinstance(value, dict):
-            return False if "object" not in kinds else None
-        failing = []
-        for name, sub in value.items():
-            if at.keys is not None and name not in at.keys:
-                continue  # the instance cannot have this key
-            negated = _negate(sub, KINDS, at.inside(_property_given(at.given, name, at.root)))
-            if negated is None:
-                return None
-            if negated is not False:
-                failing.append({"required": [name], "properties": {name: negated}})
-        return {"type": "object", **_any_of_fields(failing)} if failing else False
-    if keyword == "items" and not isinstance(value, list):
-        if "array" not in kinds or value is True or value == {}:
-            return False
-        prefix = schema.get("prefixItems", [])  # 2020-12: "items" covers what follows them
-        if value is False and isinstance(prefix, list):
-            return {"type": "array", "minItems": len(prefix) + 1}
-        return None if "prefixItems" in schema else _negate_items(value, at)
+    if not kinds & _NUMBERS:
+        return False
+    if not is_number(value):
+        return None  # draft 4's boolean exclusiveMinimum changes its sibling's meaning
+    number_type = type_of(kinds & _NUMBERS)
+    return None if number_type is None else {
+        "type": number_type, _NUMERIC_BOUNDS[keyword]: value
+    }  # fmt: skip
+
+
+def _negate_properties(value: Any, kinds: frozenset[str], at: _Within) -> Any:
+    """Objects with a listed property whose value fails its subschema."""
+    if "object" not in kinds or not isinstance(value, dict):
+        return False if "object" not in kinds else None
+    failing = []
+    for name, sub in value.items():
+        if at.keys is not None and name not in at.keys:
+            continue  # the instance cannot have this key
+        negated = _negate(sub, KINDS, at.inside(_property_given(at.given, name, at.root)))
+        if negated is None:
+            return None
+        if negated is not False:
+            failing.append({"required": [name], "properties": {name: negated}})
+    return {"type": "object", **_any_of_fields(failing)} if failing else False
+
+
+def _negate_item_rule(
+    keyword: str, value: Any, schema: dict, kinds: frozenset[str], at: _Within
+) -> Any:
+    """Arrays with an item failing ``items`` (a schema, after any ``prefixItems``) or
+    ``additionalItems`` (after a list-valued ``items``)."""
     if keyword == "additionalItems":
         items = schema.get("items")
         if "array" not in kinds or not isinstance(items, list) or value in (True, {}):
             return False
         return {"type": "array", "minItems": len(items) + 1} if value is False else None
-    if keyword == "additionalProperties":
-        return _negate_additional(value, schema, kinds, at)
-    if keyword == "uniqueItems" and value is False:
+    if "array" not in kinds or value is True or value == {}:
         return False
-    if keyword == "format" and is_unknown_format(value):
-        return False  # asserts nothing
-    if keyword == "anyOf" and isinstance(value, list):
-        parts = [_negate(sub, kinds, at) for sub in value]
-        return None if any(p is None for p in parts) else all_of(parts)
-    if keyword == "allOf" and isinstance(value, list):
-        parts = [_negate(sub, kinds, at) for sub in value]
-        if any(p is None for p in parts):
-            return None
-        kept = [p for p in parts if p is not False]
-        return any_of(kept) if kept else False
-    if keyword == "not":
-        return value  # ¬¬S = S
-    return None
+    prefix = schema.get("prefixItems", [])  # 2020-12: "items" covers what follows them
+    if value is False and isinstance(prefix, list):
+        return {"type": "array", "minItems": len(prefix) + 1}
+    return None if "prefixItems" in schema else _negate_items(value, at)
 
 
 def _negate_items(value: Any, at: _Within) -> Any | None:
