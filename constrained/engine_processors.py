@@ -202,11 +202,6 @@ def owner_of(option: str) -> str:
     raise KeyError(option)
 
 
-def refuse_unregistered(options: Options, registered: Iterable[str | type]) -> None:
-    """Refuse an option whose processor is not among ``registered`` (entries)."""
-    refuse_not_applied(options, options_applied_by(registered))
-
-
 def refuse_not_applied(
     options: Options, applied: frozenset[str], reasons: Mapping[str, str] | None = None
 ) -> None:

@@ -33,7 +33,6 @@ VLLM_EXTRA_ARGS_KEYS = frozenset(
 
 
 ALLOWED_KEYS_ENV = "CONSTRAINED_ALLOWED_EXTRA_ARGS"
-UNKNOWN_KEYS_ENV = "CONSTRAINED_UNKNOWN_EXTRA_ARGS"
 
 
 # Other engines' names for our options (llama.cpp / Ollama, Hugging Face transformers,
