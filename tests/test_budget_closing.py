@@ -315,19 +315,20 @@ def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch
     (``shared_sorts``): the second request's rows equal a lone request's, bit for bit, and
     it sorts fewer rows itself (its rows inside the strings come from the store)."""
     from constrained.grammars.closing_matcher import ClosingMatcher
+    from constrained.grammars.closing_row_sort import RowSorter
     from constrained.grammars.closing_sorts import forget_shared_sorts, shared_sorts
     from tests.closing_walk import allowed
 
     forget_shared_sorts()
     compiled = compile_now(spec_for({"json_schema": json.dumps(PERSON)}), vocab)
     sorts = {"count": 0}
-    sort_tokens = ClosingMatcher._sort_tokens
+    sort_tokens = RowSorter.sort_tokens
 
     def counted(self, *args):
         sorts["count"] += 1
         return sort_tokens(self, *args)
 
-    monkeypatch.setattr(ClosingMatcher, "_sort_tokens", counted)
+    monkeypatch.setattr(RowSorter, "sort_tokens", counted)
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     person = {"name": "Ada Lovelace", "age": 36, "tags": ["math", "poetry"],
               "address": {"city": "London", "zip": "12345"}}  # fmt: skip
@@ -360,6 +361,7 @@ def test_the_last_row_keeps_the_tokens_that_end_the_output_without_walking(vocab
     output itself: each is checked once, with no walk (the row was the costliest of a
     request: 147,000 string tokens, a walk each class); every kept token ends it, and
     those that do are kept (``"`` and text then ``"``)."""
+    from constrained.grammars.closing_check import Checker
     from constrained.grammars.closing_matcher import ClosingMatcher
     from tests.closing_walk import allowed
 
@@ -369,8 +371,8 @@ def test_the_last_row_keeps_the_tokens_that_end_the_output_without_walking(vocab
     stack = ClosingMatcher(compiled.matcher(), vocab, len(path) + 2, [quote])  # the witness
     assert stack.consume(path) and stack.left == 2
     walks = []
-    walk = ClosingMatcher._walk
-    monkeypatch.setattr(ClosingMatcher, "_walk", lambda self, *a: walks.append(a) or walk(self, *a))
+    walk = Checker.walk
+    monkeypatch.setattr(Checker, "walk", lambda self, *a: walks.append(a) or walk(self, *a))
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     kept = allowed(stack, bitmask, 0, WIDTH).tolist()
     assert not walks
@@ -442,9 +444,9 @@ def test_a_rollback_past_the_committed_state_forgets_the_draft_rows_checks(vocab
     assert stack.consume(path[:-2])
     assert stack.try_consume(path[-2:-1]) == 1
     allowed(stack, bitmask, 0, WIDTH)  # a draft row, checked after the look-ahead
-    assert stack.drafts
+    assert stack.track.drafts
     stack.rollback(2)  # the look-ahead and a committed token
-    assert stack.drafts == {}
+    assert stack.track.drafts == {}
     assert stack.consume(path[-3:])  # and it follows the output again from there
     assert allowed(stack, bitmask, 0, WIDTH).size
 

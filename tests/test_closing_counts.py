@@ -14,7 +14,9 @@ import torch
 from constrained.grammars import GrammarSpec, compile_now
 from constrained.grammars import closing as closing_module
 from constrained.grammars.closing import find_witness
-from constrained.grammars.closing_matcher import RECHECK_EVERY, ClosingMatcher, Walks
+from constrained.grammars.closing_check import Checker, Walks
+from constrained.grammars.closing_matcher import RECHECK_EVERY, ClosingMatcher
+from constrained.grammars.closing_row_sort import RowSorter
 from constrained.grammars.matcher import words_for
 from constrained.grammars.token_shapes import (
     hex_finish,
@@ -147,24 +149,24 @@ def test_a_json_schemas_looking_walk_is_walked_once(vocab, monkeypatch, kind, lo
     request's ``kind`` decides it when its stack is built."""
     from concurrent.futures import Future
 
-    from constrained.grammars import closing_matcher
+    from constrained.grammars import closing_check
     from constrained.grammars.stack import build_stack
 
     compiled: Future = Future()
     compiled.set_result(grammar(vocab, DENY))
     stack = build_stack(compiled, vocab, 64, kind=kind)
-    assert stack.json is (kind == "json_schema")
+    assert stack.checker.json is (kind == "json_schema")
     text = vocab.hf_tokenizer.encode('{"effect":"\' string', add_special_tokens=False)
     assert stack.consume(text)
     walked = []
-    real = closing_matcher.find_witness
+    real = closing_check.find_witness
     monkeypatch.setattr(
-        closing_matcher, "find_witness", lambda *a, **k: walked.append(1) or real(*a, **k)
+        closing_check, "find_witness", lambda *a, **k: walked.append(1) or real(*a, **k)
     )
-    assert stack._walk(8, looking=True) is None  # after other text only "deny" closes
+    assert stack.checker.walk(8, looking=True) is None  # after other text only "deny" closes
     assert len(walked) == looking_walks
     walked.clear()
-    assert stack._walk(8) is None
+    assert stack.checker.walk(8) is None
     assert len(walked) == 2
 
 
@@ -226,7 +228,7 @@ def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch
     stack = ClosingMatcher(compiled.matcher(), vocab, len(prefix) + len(rest) + 4, [rest])
     assert stack.consume(prefix)
     walked = []
-    check = ClosingMatcher._check
+    check = Checker.check
 
     def counted(self, token, witness, left, safe, walks, key=None):
         before = walks.left
@@ -235,7 +237,7 @@ def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch
             walked.append(token)
         return found
 
-    monkeypatch.setattr(ClosingMatcher, "_check", counted)
+    monkeypatch.setattr(Checker, "check", counted)
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     stack.fill(bitmask, 0)
     pieces = vocab.token_bytes()
@@ -250,12 +252,13 @@ def test_a_bridge_is_tried_with_a_later_rows_witness(vocab):
     compiled = grammar(vocab, {"type": "string"})
     stack = ClosingMatcher(compiled.matcher(), vocab, 64)
     token, x, y, w1, w2, w3 = ids(vocab, b"\\", b"n", b"m", b'"', b"}", b"]")
-    stack._bridge(token, 7, [x, y, w1, w2], [w1, w2])
-    assert stack.bridges[-1 - token] == ((x, y), 0) and stack.bridges[7] == ((x, y), 0)
-    tries = [suffix for suffix, _ in stack._tries(token, [w3, w1], 7)]
+    stack.memory._bridge(token, 7, [x, y, w1, w2], [w1, w2])
+    bridges = stack.memory.bridges
+    assert bridges[-1 - token] == ((x, y), 0) and bridges[7] == ((x, y), 0)
+    tries = [suffix for suffix, _ in stack.checker._tries(token, [w3, w1], 7)]
     assert [x, y, w3, w1] in tries
-    stack._bridge(token, None, [x, w1], [w2, w1])  # before the witness's tail
-    assert stack.bridges[-1 - token] == ((x,), 1)
+    stack.memory._bridge(token, None, [x, w1], [w2, w1])  # before the witness's tail
+    assert stack.memory.bridges[-1 - token] == ((x,), 1)
 
 
 def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkeypatch):
@@ -267,9 +270,9 @@ def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkey
     encode = vocab.hf_tokenizer.encode
     assert stack.consume(encode('{"effect":"\' string', add_special_tokens=False))
     counts = []
-    walk = ClosingMatcher._walk
+    walk = Checker.walk
     monkeypatch.setattr(
-        ClosingMatcher, "_walk", lambda self, *a: counts.append(self.count) or walk(self, *a)
+        Checker, "walk", lambda self, *a: counts.append(stack.count) or walk(self, *a)
     )
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     word = encode(" word", add_special_tokens=False)
@@ -281,15 +284,15 @@ def test_a_request_that_found_no_completion_walks_again_ever_later(vocab, monkey
 
 
 def _count_walks(monkeypatch) -> list[tuple]:
-    """The arguments of every ``ClosingMatcher._walk`` from here on (the test's)."""
+    """The arguments of every ``Checker.walk`` from here on (the test's)."""
     walks: list[tuple] = []
-    real_walk = ClosingMatcher._walk
+    real_walk = Checker.walk
 
     def counted(self, *args, **kwargs):
         walks.append(args)
         return real_walk(self, *args, **kwargs)
 
-    monkeypatch.setattr(ClosingMatcher, "_walk", counted)
+    monkeypatch.setattr(Checker, "walk", counted)
     return walks
 
 
@@ -341,7 +344,7 @@ def _narrow_rows(vocab, monkeypatch, schema, prefix, witnesses, left):
     for witness in witnesses:
         stack = closing_stack(compiled, vocab, len(prefix) + left)
         assert stack.consume(prefix)
-        stack.witness, stack.need_bound, stack.candidates = ids(vocab, *witness), len(witness), []
+        stack.track.commit(ids(vocab, *witness))
         assert stack.inner.completes(stack.witness) and stack.left == left
         walks.clear()
         bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
@@ -378,15 +381,15 @@ def test_a_free_text_state_walks_for_a_shorter_witness_once(vocab, monkeypatch):
     for memo in (True, False):
         stack = closing_stack(compiled, vocab, len(prefix) + len(witness) + 2)
         assert stack.consume(prefix)
-        stack.witness, stack.need_bound, stack.candidates = list(witness), len(witness), []
+        stack.track.commit(list(witness))
         bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
         walks = _count_walks(monkeypatch)
         first = allowed(stack, bitmask, 0, WIDTH)
         assert (len(witness) - 1,) in walks and stack.witness == witness  # none shorter
         assert text in first and stack.consume([text])  # one token of slack: text stays
-        assert not stack.shortest_tried  # off the witness: walked again, but for the memo
+        assert not stack.track.shortest_tried  # off the witness: walked again, but for the memo
         if not memo:
-            stack.no_shorter = None
+            stack.track.no_shorter = None
         walks.clear()
         rows.append(allowed(stack, bitmask, 0, WIDTH).tolist())
         assert ((len(witness) - 1,) in walks) is not memo and stack.witness == witness
@@ -447,7 +450,7 @@ def _inside_k_with_a_long_witness(vocab, budget: int):
     assert stack.consume(ids(vocab, b'{"', b"k", b'":"'))
     quote, brace = ids(vocab, b'"', b"}")
     assert stack.inner.completes([quote, brace])
-    stack.witness, stack.need_bound, stack.candidates = [quote, brace], 2, []
+    stack.track.commit([quote, brace])
     return stack, torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
 
 
@@ -483,7 +486,7 @@ def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
     assert len(finish) > 100
     assert np.isin(finish, kept).all()
     for token in finish:  # each kept with a suffix of its own that completes in time
-        suffix = stack.safe[token]
+        suffix = stack.track.safe[token]
         assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
     assert kept.size < free.size  # still narrowed: the ids too long for 11 tokens go
     # Where the forced rest stops short (``EC`` forces ``L-``, then ``1.0"`` is one value of
@@ -491,7 +494,7 @@ def test_an_enum_row_keeps_each_value_whose_forced_rest_fits(vocab):
     walked = np.setdiff1d(kept, finish).tolist()
     assert len(walked) > 32
     for token in walked:
-        suffix = stack.safe[token]
+        suffix = stack.track.safe[token]
         assert len(suffix) + 2 <= stack.left and off.completes([token, *suffix])
 
 
@@ -520,7 +523,7 @@ def test_a_checks_walk_ends_on_the_witness_tail_after_the_value(vocab):
     reaches (``_joins``), so it writes ``z":1}`` and ends on the witness's own tail: a few
     masks, counted against the row's walk budget as such (MaskBench o81602 at 256 tokens:
     walks of 70 masks each ran a wide row's budget out and cleared tokens that fit)."""
-    from constrained.grammars.closing_matcher import WALK_TOKENS
+    from constrained.grammars.closing_check import WALK_TOKENS
     from tests.closing_walk import closing_stack
 
     compiled = compile_now(GrammarSpec("json_schema", json.dumps(FREE_KEYS), "llguidance"), vocab)
@@ -529,13 +532,13 @@ def test_a_checks_walk_ends_on_the_witness_tail_after_the_value(vocab):
     witness = find_witness(stack.inner, vocab, 64)
     assert witness is not None and len(witness) > 12
     (opener,) = ids(vocab, b'":{"')
-    joins = stack._joins(witness)
+    joins = stack.checker.spelling.joins(witness)
     assert joins[:2] == [witness, witness[1:]] and len(joins) > 2
     pieces = vocab.token_bytes()
     text = b"".join(pieces[t] for t in witness)
     assert all(text.endswith(b"".join(pieces[t] for t in j)) for j in joins)
     walks, safe = Walks(), {}
-    found = stack._check(opener, witness, stack.left, safe, walks)
+    found = stack.checker.check(opener, witness, stack.left, safe, walks)
     assert found is not None and stack.inner.completes([opener, *found])
     assert WALK_TOKENS - walks.left < len(found) // 2  # z ": 1 } and the tail's: not all
     assert safe[opener] == found
@@ -560,7 +563,7 @@ def test_a_checks_walk_joins_the_witness_inside_its_tokens(vocab):
     join too, so the walk takes a few masks, not the 29 of writing the rest itself (MaskBench
     o81602 at 256 tokens cleared ``":-`` ``":[-`` ``":[{"`` when such walks ran a wide row's
     budget out)."""
-    from constrained.grammars.closing_matcher import WALK_TOKENS
+    from constrained.grammars.closing_check import WALK_TOKENS
     from tests.closing_walk import closing_stack
 
     spec = GrammarSpec("json_schema", json.dumps(NESTED_FREE_KEYS), "llguidance")
@@ -571,7 +574,7 @@ def test_a_checks_walk_joins_the_witness_inside_its_tokens(vocab):
     assert witness is not None and pieces[witness[1]] == b'},"'  # the boundary inside a token
     for opener in ids(vocab, b'":[{"', b'":[', b'":-'):
         walks, safe = Walks(), {}
-        found = stack._check(opener, witness, stack.left, safe, walks)
+        found = stack.checker.check(opener, witness, stack.left, safe, walks)
         assert found is not None and stack.inner.completes([opener, *found])
         assert WALK_TOKENS - walks.left <= 4, pieces[opener]
 
@@ -588,8 +591,8 @@ def test_a_walks_find_serves_tokens_that_begin_the_same_way(vocab):
     assert stack.consume(ids(vocab, b"[", b'{"', b"key"))
     opener, colon = ids(vocab, b'":{"', b'":')
     witness = find_witness(stack.inner, vocab, 64)
-    assert stack._check(opener, witness, stack.left, {}, Walks()) is not None
-    tried = list(stack._realigned(colon))
+    assert stack.checker.check(opener, witness, stack.left, {}, Walks()) is not None
+    tried = list(stack.memory.realigned(colon, stack.checker.spelling))
     assert tried and all(stack.inner.completes([colon, *rest]) for rest in tried)
 
 
@@ -616,9 +619,9 @@ def test_the_witness_follows_an_off_witness_token_without_a_walk(vocab, monkeypa
     assert root is not None
     stack = ClosingMatcher(compiled.matcher(), vocab, 64, [root])
     opening = '{"' if written == "ches" else '{"chess_club_details":"'
-    stack.witness = stack._known_witness()  # the root, as a near row commits it
+    stack.track.witness = stack.track.known()  # the root, as a near row commits it
     assert stack.consume(vocab.hf_tokenizer.encode(opening, add_special_tokens=False))
-    stack.witness = stack._known_witness()
+    stack.track.witness = stack.track.known()
     assert stack.witness is not None
     text = written.encode()
     by_bytes = {piece: token for token, piece in enumerate(pieces) if piece}
@@ -629,10 +632,10 @@ def test_the_witness_follows_an_off_witness_token_without_a_walk(vocab, monkeypa
     else:
         taken = [by_bytes[b"x"], by_bytes[b"\xe4"]]
     walked = []
-    monkeypatch.setattr(ClosingMatcher, "_walk", lambda self, *a: walked.append(a))
+    monkeypatch.setattr(Checker, "walk", lambda self, *a: walked.append(a))
     for token in taken:
         assert stack.consume([token]), why
-    found = stack._known_witness()
+    found = stack.track.known()
     assert found is not None and not walked, why
     assert closing_module.completes(stack.inner, found)
 
@@ -653,16 +656,16 @@ def test_a_near_row_of_the_witness_first_token_alone_is_not_sorted(vocab, monkey
     stack = ClosingMatcher(compiled.matcher(), vocab, len(root) + 1, [root])  # no slack
     assert stack.consume(root[:inside])  # inside the key: one token goes on
     sorted_rows = []
-    sort = ClosingMatcher._sort_tokens
+    sort = RowSorter.sort_tokens
     monkeypatch.setattr(
-        ClosingMatcher, "_sort_tokens", lambda self, *a: sorted_rows.append(a) or sort(self, *a)
+        RowSorter, "sort_tokens", lambda self, *a: sorted_rows.append(a) or sort(self, *a)
     )
     bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
     stack.fill(bitmask, 0)
     row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH)).tolist()
     assert row == [root[inside]]
     assert not sorted_rows
-    assert stack.safe == {root[inside]: root[inside + 1 :]}
+    assert stack.track.safe == {root[inside]: root[inside + 1 :]}
 
 
 NOTE = {  # a free string with a member after it: the witness inside it takes a few tokens
@@ -701,16 +704,16 @@ def _no_slack_text_row(vocab, compiled, monkeypatch, remembered: tuple[int, ...]
     stack.fill(bitmask, 0)
     assert stack.consume(ids(vocab, b"y"))
     for token in remembered:
-        stack.recent[token] = list(stack._known_witness())
+        stack.memory.recent[token] = list(stack.track.known())
     checked: list[int] = []
-    check = ClosingMatcher._check
+    check = Checker.check
 
     def counted(self, token, witness, left, safe, walks, key=None):
         checked.append(token)
         return check(self, token, witness, left, safe, walks, key)
 
-    monkeypatch.setattr(ClosingMatcher, "_check", counted)
-    monkeypatch.setattr(ClosingMatcher, "_sorted_again", lambda self, *a: None)
+    monkeypatch.setattr(Checker, "check", counted)
+    monkeypatch.setattr(RowSorter, "sorted_again", lambda self, *a: None)
     stack.fill(bitmask, 0)
     monkeypatch.undo()
     assert stack.left - 2 == len(stack.witness) - 1
@@ -732,7 +735,7 @@ def test_a_free_text_class_whose_ends_fail_checks_no_other_member(vocab, monkeyp
     assert sum(1 for token in checked if classes[token] == plain) == 2
     assert stack.witness[0] in row and len(row) < 16
     for token in row:  # each with its own suffix or its class's
-        suffix = stack.safe.get(token, stack.by_class.get(int(classes[token])))
+        suffix = stack.track.safe.get(token, stack.track.by_class.get(int(classes[token])))
         assert suffix is not None and 1 + len(suffix) + 1 <= stack.left  # and end-of-sequence
         assert closing_module.completes(stack.inner, [token, *suffix])
     _, again, checked = _no_slack_text_row(vocab, compiled, monkeypatch, remembered=(hello,))
@@ -820,26 +823,26 @@ def _text_row_again(vocab, monkeypatch, resort: bool = True):
     room = stack.left - 2 - 1  # after the plain token below
     seen = SimpleNamespace(
         stack=stack,
-        too_long={key for key, suffix in stack.by_class.items() if len(suffix) > room},
-        fits={key for key, suffix in stack.by_class.items() if len(suffix) <= room},
+        too_long={key for key, suffix in stack.track.by_class.items() if len(suffix) > room},
+        fits={key for key, suffix in stack.track.by_class.items() if len(suffix) <= room},
         classes=set(),
         whole=False,
     )
     assert stack.consume(ids(vocab, b"y"))
-    sort_class, sort_tokens = ClosingMatcher._sort_class, ClosingMatcher._sort_tokens
+    sort_class, sort_tokens = RowSorter.sort_class, RowSorter.sort_tokens
 
     def counted(self, wide, span, *args):
         seen.classes.add(span[2])
         return sort_class(self, wide, span, *args)
 
-    monkeypatch.setattr(ClosingMatcher, "_sort_class", counted)
+    monkeypatch.setattr(RowSorter, "sort_class", counted)
     monkeypatch.setattr(
-        ClosingMatcher,
-        "_sort_tokens",
+        RowSorter,
+        "sort_tokens",
         lambda self, *a: setattr(seen, "whole", True) or sort_tokens(self, *a),
     )
     if not resort:
-        monkeypatch.setattr(ClosingMatcher, "_sorted_again", lambda self, *a: None)
+        monkeypatch.setattr(RowSorter, "sorted_again", lambda self, *a: None)
     stack.fill(bitmask, 0)
     monkeypatch.undo()
     seen.row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH)).tolist()
@@ -857,7 +860,7 @@ def test_a_free_text_row_again_sorts_only_the_classes_that_no_longer_fit(vocab, 
     assert not again.whole and again.classes == again.too_long
     stack, classes = again.stack, text_classes(vocab)[0]
     for token in again.row:
-        suffix = stack.safe.get(token, stack.by_class.get(int(classes[token])))
+        suffix = stack.track.safe.get(token, stack.track.by_class.get(int(classes[token])))
         assert suffix is not None and 1 + len(suffix) + 1 <= stack.left
         assert closing_module.completes(stack.inner, [token, *suffix])
     fresh = _text_row_again(vocab, monkeypatch, resort=False)

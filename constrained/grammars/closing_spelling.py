@@ -1,0 +1,124 @@
+"""A witness as text (``closing_matcher.py``): its bytes and token bounds, the tails a
+check's walk may end on, the rest of its text after a token that writes its first bytes,
+and text spelt as the tokenizer writes it.
+
+One ``Spelling`` per request: it keeps the answers for the last witness it was asked about
+(a sort asks for every token it checks, with one witness).
+
+Example::
+
+    spelling = Spelling(vocab)
+    rest = spelling.aligned(token, witness)  # '",' against '"' ',"b":0}': ',"b":0}' as tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from constrained.grammars.token_shapes import hex_finish, owed_hex_digits, prefix_tokens
+
+if TYPE_CHECKING:
+    from constrained.grammars.vocab import Vocab
+
+JOIN_TAILS = 12  # the witness's boundary tails a check's walk may end on (the shortest)
+_BOUNDARY = (b",", b"}", b"]")  # the witness's bytes that begin a tail to join
+
+
+def masks_taken(found: list[int], joins: Sequence[list[int]]) -> int:
+    """The masks a walk that ended on one of ``joins`` took: ``found`` less the join it
+    ends with (the longest that matches; at least one)."""
+    tail = max((len(j) for j in joins if j and found[-len(j) :] == j), default=0)
+    return max(len(found) - tail, 1)
+
+
+class Spelling:
+    """A request's witnesses as text (the vocabulary's bytes), the last one's kept."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+        self._text: tuple | None = None  # ``text_of``'s last answer
+        self._joins: tuple | None = None  # ``joins``'s last answer
+
+    def text_of(self, witness: list[int]) -> tuple[bytes, dict[int, int]]:
+        """The witness's text and its tokens' bounds in it (byte offset -> tokens before),
+        kept for the last witness: a sort asks for every token it checks."""
+        kept = self._text
+        if kept is not None and kept[0] is witness and kept[1] == len(witness):
+            return kept[2], kept[3]
+        pieces = self.vocab.token_bytes()
+        text, bounds = b"", {0: 0}
+        for k, tok in enumerate(witness, start=1):
+            text += pieces[tok]
+            bounds[len(text)] = k
+        self._text = (witness, len(witness), text, bounds)
+        return text, bounds
+
+    def joins(self, witness: list[int]) -> list[list[int]]:
+        """What a check's walk tries to end on at every state it reaches: the witness, its
+        tail after its first token, and its tails from each member or item boundary (a
+        token of the witness that begins with ``,`` ``}`` ``]``): after ``":-`` the walk
+        takes ``1`` and the rest of the object is the witness's own (one mask, not 70).
+        Such a byte inside a token (the ``,`` of ``},"`` or ``","``) starts a tail too, its
+        text as the tokenizer writes it: a walk that took ``]}`` goes on with ``,"`` and the
+        rest (the last ``JOIN_TAILS`` of each kind)."""
+        kept = self._joins
+        if kept is not None and kept[0] is witness and kept[1] == len(witness):
+            return kept[2]
+        pieces = self.vocab.token_bytes()
+        heads = [k for k in range(2, len(witness)) if pieces[witness[k]][:1] in _BOUNDARY]
+        joins = [witness, witness[1:], *(witness[k:] for k in heads[-JOIN_TAILS:])]
+        text, bounds = self.text_of(witness)
+        first = len(pieces[witness[0]]) if witness else 0
+        inside = [  # boundaries inside a token (after the first): their tails as text
+            at
+            for at in range(first + 1, len(text))
+            if text[at : at + 1] in _BOUNDARY and at not in bounds
+        ]
+        for at in inside[-JOIN_TAILS:]:
+            spelt = self.spelt(text[at:])
+            if spelt is not None:
+                joins.append(spelt)
+        self._joins = (witness, len(witness), joins)
+        return joins
+
+    def aligned(self, token: int, witness: list[int]) -> list[int] | None:
+        """The witness's text after the token's, when the token writes the witness's first
+        bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
+        the token ends on one of their bounds, else as the tokenizer writes it."""
+        return self.aligned_text(self.vocab.token_bytes()[token], witness)
+
+    def aligned_text(self, piece: bytes, witness: list[int]) -> list[int] | None:
+        """``aligned`` for the text ``piece`` (one token's, or a run of them)."""
+        if not piece or not witness:
+            return None
+        rest, bounds = self.text_of(witness)
+        if not rest.startswith(piece):
+            return None
+        if len(piece) in bounds:
+            return witness[bounds[len(piece)] :]
+        return self.spelt(rest[len(piece) :])
+
+    def spelt(self, text: bytes) -> list[int] | None:
+        """``text`` as the tokenizer writes it; ``None`` where it does not decode (it
+        starts or ends inside a UTF-8 character)."""
+        try:
+            return self.vocab.encode(text.decode())
+        except UnicodeDecodeError:
+            return None
+
+    def leads(self, witness: list[int]) -> set[int]:
+        """Tokens whose bytes begin the witness's text (``</`` and ``</param`` for a
+        witness ``</`` ``parameter`` ``>``...)."""
+        pieces = self.vocab.token_bytes()
+        return prefix_tokens(self.vocab, b"".join(pieces[token] for token in witness[:8]), 48)
+
+    def escape_finish(self, tokens: list[int]) -> tuple[int, ...]:
+        """The hex digits a ``\\u`` escape the output (``tokens``) ends inside still owes
+        (``ace`` after ``#\\`` ``uD``: no one token's finish, ``token_finish``), as the
+        fewest tokens that write them; none where the output does not end inside one."""
+        pieces = self.vocab.token_bytes()
+        tail = b"".join(pieces[t] for t in tokens[-8:])[-16:]
+        if b"\\u" not in tail:
+            return ()
+        return hex_finish(self.vocab, owed_hex_digits(tail))
