@@ -83,7 +83,7 @@ def run_schema(name: str, schema: Any, compiled: Any, vocab: Any, args: argparse
                failures: list[dict]) -> SchemaRun:  # fmt: skip
     import torch
 
-    from constrained.grammars.closing import root_witness
+    from constrained.grammars.closing_tables import root_witness
     from constrained.grammars.matcher import words_for
 
     start = time.perf_counter()

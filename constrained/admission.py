@@ -108,7 +108,8 @@ def compile_constraint(
 def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: int = 0) -> None:
     """Refuse a ``max_tokens`` no complete output of the constraint fits in (after the
     ``marker`` tokens that end thinking, when the request thinks first)."""
-    from constrained.grammars.closing import ROOT_WITNESS_TOKENS, root_witness
+    from constrained.grammars.closing import ROOT_WITNESS_TOKENS
+    from constrained.grammars.closing_tables import root_witness
 
     witness = root_witness(grammar, vocab)  # one walk per compiled grammar
     if witness is None:

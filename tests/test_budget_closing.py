@@ -312,11 +312,12 @@ def test_a_property_written_a_token_per_byte_is_kept_out_when_it_cannot_fit(voca
 
 def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch):
     """The first request to check a near row checks it for the others at the same state
-    (``shared_sorts``): the second request's rows equal a lone request's, bit for bit, and
+    (``ClosingTables.sorts``): the second request's rows equal a lone request's, bit for bit, and
     it sorts fewer rows itself (its rows inside the strings come from the store)."""
     from constrained.grammars.closing_matcher import ClosingMatcher
     from constrained.grammars.closing_row_sort import RowSorter
-    from constrained.grammars.closing_sorts import forget_shared_sorts, shared_sorts
+    from constrained.grammars.closing_sorts import forget_shared_sorts
+    from constrained.grammars.closing_tables import tables_of
     from tests.closing_walk import allowed
 
     forget_shared_sorts()
@@ -346,14 +347,14 @@ def test_requests_of_one_grammar_share_their_near_rows_checks(vocab, monkeypatch
         return seen, sorts["count"] - before
 
     alone, sorted_alone = rows(None)
-    first, _ = rows(shared_sorts(compiled))
-    second, sorted_second = rows(shared_sorts(compiled))
+    first, _ = rows(tables_of(compiled).sorts)
+    second, sorted_second = rows(tables_of(compiled).sorts)
     assert first == alone and second == alone
     assert sorted_alone > 0 and sorted_second < sorted_alone
     # Array checks make a row depend on the items seen: equal rows are not equal states.
     unique = {"type": "array", "items": {"enum": [1, 2, 3]}, "uniqueItems": True}
     checked = compile_now(spec_for({"json_schema": json.dumps(unique)}), vocab)
-    assert checked.history and shared_sorts(checked) is None
+    assert checked.history and tables_of(checked).sorts is None
 
 
 def test_the_last_row_keeps_the_tokens_that_end_the_output_without_walking(vocab, monkeypatch):
@@ -451,15 +452,15 @@ def test_a_rollback_past_the_committed_state_forgets_the_draft_rows_checks(vocab
     assert allowed(stack, bitmask, 0, WIDTH).size
 
 
-def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
-    """More grammars in use than stores kept (a mixed batch): a store is dropped and made
-    again every step, but its grammar's finalizer (which forgets the store when the grammar
-    dies) is registered once, not once a step (they would pile up while grammars are
-    cached); and a grammar that dies takes its store with it."""
+def test_a_grammars_store_lives_and_dies_with_it(monkeypatch):
+    """A grammar's closing tables (``tables_of``) are made once however often a batch asks
+    for them, with one finalizer for its store (they would pile up while grammars are
+    cached); and a grammar that dies takes its store's rows with it."""
     import gc
 
     from constrained.grammars import closing_sorts
-    from constrained.grammars.closing_sorts import forget_shared_sorts, shared_sorts
+    from constrained.grammars.closing_sorts import MEMORY, forget_shared_sorts, keep_sort, new_sort
+    from constrained.grammars.closing_tables import tables_of
 
     class Grammar:
         history = False
@@ -469,27 +470,31 @@ def test_a_grammar_whose_store_comes_and_goes_gets_one_finalizer(monkeypatch):
     monkeypatch.setattr(closing_sorts.weakref, "finalize",
                         lambda *a: registered.append(a[-1]) or finalize(*a))  # fmt: skip
     forget_shared_sorts()
-    grammars = [Grammar() for _ in range(closing_sorts.SHARED_GRAMMARS + 2)]
-    for _ in range(20):  # each round evicts every store before it is asked for again
-        for grammar in grammars:
-            assert shared_sorts(grammar) is not None
+    grammars = [Grammar() for _ in range(4)]
+    stores = [tables_of(grammar).sorts for grammar in grammars]
+    for _ in range(20):
+        assert [tables_of(grammar).sorts for grammar in grammars] == stores
+        assert all(tables_of(g).sorts is store for g, store in zip(grammars, stores, strict=True))
     assert len(registered) == len(grammars)
-    last = id(grammars[-1])
-    assert last in closing_sorts._SHARED
-    del grammars, grammar
+    words = np.zeros(words_for(WIDTH), dtype=np.uint32)
+    keep_sort(stores[-1], new_sort(words, [1], 9, {1: [1]}, {}, []))
+    last = id(stores[-1])
+    assert any(slot[0] == last for slot in MEMORY.rows)
+    del grammars, stores
     gc.collect()
-    assert last not in closing_sorts._SHARED and last not in closing_sorts._WATCHED
+    assert not any(slot[0] == last for slot in MEMORY.rows) and MEMORY.held == 0
 
 
 def test_every_grammars_store_holds_its_rows_within_one_memory_bound(monkeypatch):
     """A mixed batch (55 schemas) keeps each grammar's near rows for its later requests
-    (``shared_sorts``: not only the last 2 grammars' rows); what all stores hold together
+    (``ClosingTables.sorts``: not only the last 2 grammars' rows); what all stores hold together
     stays within ``SHARED_BYTES``, the least recently kept rows going first, and a grammar
     that dies takes its rows' memory with it."""
     import gc
 
     from constrained.grammars import closing_sorts
-    from constrained.grammars.closing_sorts import forget_shared_sorts, keep_sort, new_sort
+    from constrained.grammars.closing_sorts import MEMORY, forget_shared_sorts, keep_sort, new_sort
+    from constrained.grammars.closing_tables import tables_of
 
     class Grammar:
         history = False
@@ -503,22 +508,22 @@ def test_every_grammars_store_holds_its_rows_within_one_memory_bound(monkeypatch
     one_row = closing_sorts._row_bytes({9: sort(0, 9)})
     monkeypatch.setattr(closing_sorts, "SHARED_BYTES", 6 * one_row)
     grammars = [Grammar() for _ in range(4)]
-    stores = [closing_sorts.shared_sorts(grammar) for grammar in grammars]
+    stores = [tables_of(grammar).sorts for grammar in grammars]
     for witness in range(3):  # 3 rows a grammar, 12 in all: the last 6 stay
         for store in stores:
             keep_sort(store, sort(witness, 9))
     held = [(id(store), key) for store in stores for key in store]
-    assert len(held) == 6 and closing_sorts._HELD <= closing_sorts.SHARED_BYTES
+    assert len(held) == 6 and MEMORY.held <= closing_sorts.SHARED_BYTES
     assert sorted(key[0][0] for _, key in held) == [1, 1, 2, 2, 2, 2]  # the latest kept
     assert {slot[0] for slot in held} == {id(store) for store in stores}  # 4 grammars' rows
-    assert sum(held_bytes for _, held_bytes in closing_sorts._ROWS.values()) == closing_sorts._HELD
+    assert sum(held_bytes for _, held_bytes in MEMORY.rows.values()) == MEMORY.held
     keep_sort(stores[0], sort(2, 12))  # another room of a kept row: counted, not a new row
     assert len(stores[0][((2,), hash(words.tobytes()))]) == 2
-    assert closing_sorts._HELD <= closing_sorts.SHARED_BYTES
-    before = closing_sorts._HELD
+    assert MEMORY.held <= closing_sorts.SHARED_BYTES
+    before = MEMORY.held
     del grammars, stores
     gc.collect()
-    assert before > closing_sorts._HELD and not closing_sorts._SHARED
+    assert before > MEMORY.held and not MEMORY.rows
     forget_shared_sorts()
 
 

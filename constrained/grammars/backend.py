@@ -26,8 +26,11 @@ class CompiledGrammar(Protocol):
     backend: str
     #: Whether a matcher's rows depend on more than the grammar's state (the items an array
     #: saw: ``checked_matcher.CheckedGrammar``); then closing's checks of a row are not
-    #: shared between requests (``closing_sorts.shared_sorts``).
+    #: shared between requests (``closing_tables.ClosingTables.sorts``).
     history: bool
+    #: What closing keeps of the grammar (root witness, rise, shared sorts), set on first
+    #: use by ``closing_tables.tables_of``.
+    closing_tables: Any
 
     def matcher(self) -> Matcher: ...
 

@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -273,19 +273,6 @@ def _few_allowed(words: np.ndarray, width: int) -> np.ndarray | None:
         return None
     ids = row_ids(words)
     return ids[ids < width]
-
-
-def root_witness(
-    grammar: Any, vocab: Vocab, scratch: torch.Tensor | None = None
-) -> list[int] | None:
-    """A completion from a compiled grammar's start (``find_witness`` within
-    ``ROOT_WITNESS_TOKENS``), walked once per grammar object and kept on it: admission
-    checks a budget against it, and each request's closing layer starts from it."""
-    cached = grammar.__dict__.get("_root_witness", False)
-    if cached is False:
-        cached = find_witness(grammar.matcher(), vocab, ROOT_WITNESS_TOKENS, scratch)
-        grammar._root_witness = cached
-    return cached
 
 
 def closing_sequences(vocab: Vocab) -> list[list[int]]:

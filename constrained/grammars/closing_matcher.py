@@ -43,21 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from constrained.grammars.closing import allowed_ids, completes, find_witness, root_witness
 from constrained.grammars.closing_check import Checker, Horizon
 from constrained.grammars.closing_memory import SuffixMemory
-from constrained.grammars.closing_row_sort import EXACT_MAX, RowSorter, only_the_witness, wide
-from constrained.grammars.closing_sorts import (
-    Sort,
-    keep_sort,
-    nearest,
-    new_sort,
-    shared_sorts,
-    sort_key,
-)
+from constrained.grammars.closing_row_sort import RowSorter, only_the_witness, wide
+from constrained.grammars.closing_sorts import Sort, keep_sort, nearest, new_sort, sort_key
 from constrained.grammars.closing_spelling import Spelling
+from constrained.grammars.closing_tables import tables_of
 from constrained.grammars.closing_witness import WitnessTracker
-from constrained.grammars.matcher import Matcher, MatcherWrapper, words_for
+from constrained.grammars.matcher import Matcher, MatcherWrapper
 from constrained.grammars.token_shapes import in_free_text
 
 if TYPE_CHECKING:
@@ -73,56 +66,6 @@ RECHECK_EVERY = 16  # tokens before walking again after a walk found no completi
 # string whose ``pattern`` the walk cannot meet, each time, for a row that is cut anyway)
 SHORTER_WITNESS_MAX = 16  # a witness this short or shorter is walked for a shorter one
 # once where it leaves no slack or one token of it
-RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``root_rise``, once a grammar)
-RISE_WALK_TOKENS = 96  # ... and one walk of it
-
-
-def root_rise(grammar: Any, vocab: Vocab, scratch: torch.Tensor | None = None) -> int:
-    """The most one token of a narrow row along a grammar's root witness raises the need
-    (tokens; 0 when none does), walked once per grammar object and kept on it.
-
-    At each state the root witness passes through, every token of a narrow row (at most
-    ``EXACT_MAX`` allowed: keys, a value's first token) that the witness's rest does not
-    complete after is walked from: ``1 + len(walk) - len(rest)``. It finds what the root
-    witness's length cannot: an optional key that opens a value longer than the whole
-    witness (``{"a":true}`` is 10 bytes; after ``{"stamp":"`` a date-time needs about 22
-    tokens). ``ClosingMatcher`` widens ``reach`` to it, so such a key is kept out while it
-    cannot finish. Bounded by ``RISE_PROBE_MASKS`` masks; a walk that finds nothing in
-    ``RISE_WALK_TOKENS`` adds nothing (``grow`` still adapts to rises seen later).
-    """
-    cached = grammar.__dict__.get("_root_rise")
-    if cached is not None:
-        return cached
-    rise = 0
-    witness = root_witness(grammar, vocab, scratch)
-    if witness:
-        if scratch is None:
-            import torch
-
-            scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
-        matcher, masks = grammar.matcher(), RISE_PROBE_MASKS
-        for index, next_token in enumerate(witness):
-            rest = witness[index + 1 :]
-            matcher.fill(scratch, 0)
-            keep = allowed_ids(scratch[0], vocab.width)
-            keep[vocab.eos_token_id] = False
-            tokens = np.flatnonzero(keep).tolist()
-            for token in tokens if len(tokens) <= EXACT_MAX else ():
-                if masks <= 0:
-                    break
-                if token == next_token or completes(matcher, [token, *rest]):
-                    continue
-                taken = matcher.try_consume([token])
-                limit = min(RISE_WALK_TOKENS, masks)
-                walk = find_witness(matcher, vocab, limit, scratch, joins=[rest]) if taken else None
-                matcher.rollback(taken)
-                masks -= limit if walk is None else len(walk) + 1
-                if walk is not None:
-                    rise = max(rise, 1 + len(walk) - len(rest))
-            if not matcher.consume([next_token]):
-                break
-    grammar._root_rise = rise
-    return rise
 
 
 def closing_layer(
@@ -135,14 +78,14 @@ def closing_layer(
 ) -> ClosingMatcher:
     """A request's closing layer over a new matcher of ``grammar``: it starts from the root
     witness (with ``hints``, a preempted run's completions), reaches as far as the
-    grammar's rise (``root_rise``) and shares the grammar's store of near rows. ``json``:
-    the grammar is a JSON schema's (``ClosingMatcher``)."""
-    root = root_witness(grammar, vocab, scratch)  # walked once per grammar
+    grammar's rise and shares the grammar's store of near rows (``ClosingTables``).
+    ``json``: the grammar is a JSON schema's (``ClosingMatcher``)."""
+    tables = tables_of(grammar)
+    root = tables.root_witness(vocab, scratch)  # walked once per grammar
     hints = [*hints, root] if root is not None else list(hints)
-    shared = shared_sorts(grammar)
-    closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, shared, json)
+    closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, tables.sorts, json)
     horizon = closing.horizon
-    horizon.reach = max(horizon.reach, root_rise(grammar, vocab, scratch))
+    horizon.reach = max(horizon.reach, tables.rise(vocab, scratch))
     return closing
 
 
@@ -186,7 +129,7 @@ class ClosingMatcher(MatcherWrapper):
         self.walk_after = 0  # no walk before this count (the last one found nothing)
         self.failed_walks = 0  # walks in a row from the committed state that found nothing
         # The last committed near row's sort (reused while the row stays the same: text
-        # inside a string), and the grammar's, shared by its requests (``shared_sorts``).
+        # inside a string), and the grammar's, shared by its requests (``ClosingTables.sorts``).
         self._last_sort: Sort | None = None
         self.shared = shared
 

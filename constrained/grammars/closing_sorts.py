@@ -2,9 +2,9 @@
 (``WideRow``: its classes, and what it clears), the tokens a sort clears (``Cleared``: ids
 while few, else the row's words as bits), a sort (``Sort``: the row's words, witness and
 room, the kept suffixes, the cleared tokens), and a compiled grammar's store of them,
-shared by its requests (``shared_sorts``: by words and witness, then room; a batch with
-one schema checks the first row inside each string once; all grammars' stores together
-within ``SHARED_BYTES``).
+shared by its requests (``new_store``, kept in ``closing_tables.ClosingTables``: by words
+and witness, then room; a batch with one schema checks the first row inside each string
+once; all grammars' stores together within ``SHARED_BYTES``, ``MEMORY``).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def keep_sort(store: OrderedDict, sort: Sort, key: tuple | None = None) -> None:
     """Keep ``sort`` in a grammar's store, by its key (``sort_key``) then its room; the most
     recently kept ``SHARED_SORTS`` rows, each at its ``SHARED_LEFTS`` largest rooms (the
     least room goes first); and in all grammars' stores together, the most recently kept
-    rows that fit ``SHARED_BYTES``."""
+    rows that fit ``SHARED_BYTES`` (``MEMORY``)."""
     if key is None:
         key = sort_key(sort.witness, sort.words)
     by_left = store.get(key)
@@ -182,8 +182,8 @@ def keep_sort(store: OrderedDict, sort: Sort, key: tuple | None = None) -> None:
     store.move_to_end(key)
     if len(store) > SHARED_SORTS:
         old, _ = store.popitem(last=False)
-        _forget_row((id(store), old))
-    _keep_row(store, key, by_left)
+        MEMORY.forget_row((id(store), old))
+    MEMORY.keep_row(store, key, by_left)
 
 
 def _row_bytes(by_left: dict[int, Sort]) -> int:
@@ -196,24 +196,62 @@ def _row_bytes(by_left: dict[int, Sort]) -> int:
     return held
 
 
-def _keep_row(store: OrderedDict, key: tuple, by_left: dict[int, Sort]) -> None:
-    global _HELD
-    slot = (id(store), key)
-    _forget_row(slot)
-    held = _row_bytes(by_left)
-    _ROWS[slot] = (store, held)
-    _HELD += held
-    while _HELD > SHARED_BYTES and len(_ROWS) > 1:  # the least recently kept row goes
-        (_, old), (owner, _) = next(iter(_ROWS.items()))
-        owner.pop(old, None)
-        _forget_row((id(owner), old))
+SHARED_BYTES = 48 << 20  # about the memory all grammars' stores may hold together
+_ENTRY_BYTES = 160  # about what a kept suffix holds (a dict entry, a short list of ints)
 
 
-def _forget_row(slot: tuple) -> None:
-    global _HELD
-    kept = _ROWS.pop(slot, None)
-    if kept is not None:
-        _HELD -= kept[1]
+class SortMemory:
+    """Every grammar's stored rows, least recently kept first (``rows``: (id(store), key)
+    -> (the store, its bytes); a store stays alive while it holds a row here), within
+    ``SHARED_BYTES`` together (``held``)."""
+
+    def __init__(self) -> None:
+        self.rows: OrderedDict[tuple[int, tuple], tuple[OrderedDict, int]] = OrderedDict()
+        self.held = 0
+
+    def keep_row(self, store: OrderedDict, key: tuple, by_left: dict[int, Sort]) -> None:
+        slot = (id(store), key)
+        self.forget_row(slot)
+        held = _row_bytes(by_left)
+        self.rows[slot] = (store, held)
+        self.held += held
+        while self.held > SHARED_BYTES and len(self.rows) > 1:  # the least recent goes
+            (_, old), (owner, _) = next(iter(self.rows.items()))
+            owner.pop(old, None)
+            self.forget_row((id(owner), old))
+
+    def forget_row(self, slot: tuple) -> None:
+        kept = self.rows.pop(slot, None)
+        if kept is not None:
+            self.held -= kept[1]
+
+    def forget_store(self, store_id: int) -> None:
+        """A grammar died: its store's rows' memory goes with it."""
+        for slot in [slot for slot in self.rows if slot[0] == store_id]:
+            self.forget_row(slot)
+
+    def forget_all(self) -> None:
+        """Empty every grammar's store (benchmarks time each round from a cold store)."""
+        for store, _ in self.rows.values():
+            store.clear()
+        self.rows.clear()
+        self.held = 0
+
+
+MEMORY = SortMemory()
+
+
+def new_store(grammar: Any) -> OrderedDict:
+    """A grammar's store of near rows' sorts (``closing_tables.ClosingTables.sorts``):
+    its rows count in ``MEMORY`` until the grammar dies."""
+    store: OrderedDict = OrderedDict()
+    weakref.finalize(grammar, MEMORY.forget_store, id(store))
+    return store
+
+
+def forget_shared_sorts() -> None:
+    """Empty every grammar's store (``SortMemory.forget_all``)."""
+    MEMORY.forget_all()
 
 
 def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
@@ -225,52 +263,3 @@ def nearest(by_left: dict[int, Sort] | None, left: int) -> Sort | None:
         more = [k for k in by_left if k > left]
         found = by_left[min(more)] if more else None
     return found
-
-
-SHARED_GRAMMARS = 256  # grammars whose stores are kept (the most recently used) ...
-SHARED_BYTES = 48 << 20  # ... and about the memory all their rows may hold together
-_ENTRY_BYTES = 160  # about what a kept suffix holds (a dict entry, a short list of ints)
-# Every store's rows, least recently kept first: (id(store), key) -> (the store, its bytes);
-# a store stays alive while it holds a row here.
-_ROWS: OrderedDict[tuple[int, tuple], tuple[OrderedDict, int]] = OrderedDict()
-_HELD = 0  # the bytes of the rows in ``_ROWS``
-_SHARED: OrderedDict[int, OrderedDict] = OrderedDict()  # id(grammar) -> its store
-_WATCHED: set[int] = set()  # grammars with a finalizer that forgets their store
-
-
-def _forget(key: int) -> None:
-    store = _SHARED.pop(key, None)
-    _WATCHED.discard(key)
-    if store:  # its rows' memory goes with the grammar
-        for slot in [slot for slot in _ROWS if slot[0] == id(store)]:
-            _forget_row(slot)
-
-
-def shared_sorts(grammar: Any) -> OrderedDict | None:
-    """The near rows' sorts of every request of one compiled grammar (kept while it lives,
-    for the last ``SHARED_GRAMMARS`` grammars used): requests with one schema reach the
-    same states (the first row inside each string), and the first to check a row checks
-    it for all. ``None`` for a grammar whose rows depend on a request's history
-    (``history``: the items an array saw), where equal rows are not equal states."""
-    if grammar.history:
-        return None
-    key = id(grammar)
-    sorts = _SHARED.get(key)
-    if sorts is None:
-        sorts = _SHARED[key] = OrderedDict()
-        if key not in _WATCHED:  # one finalizer a grammar, however often its store returns
-            _WATCHED.add(key)
-            weakref.finalize(grammar, _forget, key)  # its id may be reused after
-        while len(_SHARED) > SHARED_GRAMMARS:
-            _SHARED.popitem(last=False)
-    else:
-        _SHARED.move_to_end(key)
-    return sorts
-
-
-def forget_shared_sorts() -> None:
-    """Empty every grammar's store (benchmarks time each round from a cold store)."""
-    global _HELD
-    _SHARED.clear()
-    _ROWS.clear()
-    _HELD = 0
