@@ -154,7 +154,7 @@ def test_a_json_schemas_looking_walk_is_walked_once(vocab, monkeypatch, kind, lo
 
     compiled: Future = Future()
     compiled.set_result(grammar(vocab, DENY))
-    stack = build_stack(compiled, vocab, 64, kind=kind)
+    stack = build_stack(compiled, vocab, 64, kind=kind).matcher
     assert stack.checker.json is (kind == "json_schema")
     text = vocab.hf_tokenizer.encode('{"effect":"\' string', add_special_tokens=False)
     assert stack.consume(text)

@@ -218,15 +218,35 @@ def test_stack_under_a_gate_waits_for_no_compile():
 
     vocab = SimpleNamespace(eos_token_id=EOS)
     compiled: Future = Future()
-    stack = build_stack(compiled, vocab, None, thinking=Thinking(TOY, None, (EOS,)))
-    assert isinstance(stack, GatedMatcher)
-    stack.read_prompt([])
-    assert stack.consume([7, 2, 3]) and stack.free() and not compiled.done()
+    row = build_stack(compiled, vocab, None, thinking=Thinking(TOY, None, (EOS,)))
+    stack = row.matcher
+    assert isinstance(stack, GatedMatcher) and row.gate is stack  # the gate's hooks: the row's
+    assert row.reads_prompt() > 0
+    row.read_prompt([])
+    assert row.reads_prompt() == 0
+    assert stack.consume([7, 2, 3]) and row.free() and EOS in row.bans() == stack.bans()
+    assert not compiled.done()
     compiled.set_exception(RuntimeError("lost"))
-    assert stack.try_consume([4]) == 1 and not stack.free() and stack.error == "lost"
+    assert stack.try_consume([4]) == 1 and not row.free() and stack.error == "lost"
     assert isinstance(stack.bottom, FailedMatcher) and row_of(stack) == {EOS}
     stack.rollback(1)
-    assert stack.error is None and stack.free()
+    assert stack.error is None and row.free()
+
+
+def test_a_row_without_a_gate_is_never_free_and_reads_no_prompt():
+    """A request that does not think first has no gate: its row is never free, bans
+    nothing and reads no prompt; its stack is the answer's."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    compiled: Future = Future()
+    compiled.set_exception(RuntimeError("lost"))
+    row = build_stack(compiled, SimpleNamespace(eos_token_id=EOS), None)
+    assert row.gate is None and isinstance(row.matcher, FailedMatcher)
+    assert not row.free() and row.bans() == [] and not row.stays_free()
+    assert row.reads_prompt() == 0
+    row.read_prompt([1, 2])  # nothing to read
+    assert row_of(row.matcher) == {EOS}
 
 
 def test_thinking_rows_cost_no_fill_and_no_apply(config, monkeypatch):

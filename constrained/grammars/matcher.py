@@ -49,28 +49,16 @@ The optional hooks (defaults here; a layer overrides what it knows):
   forced marker token).
 - ``fill_many(pairs, bitmask)`` (classmethod of a bottom matcher): write each
   ``(matcher, row)``'s row; llguidance does it in its thread pool.
-- ``free() -> bool``: this step's row is free: every token allowed but ``bans()``. The
-  writer then writes and applies no mask for it, only its bans (one indexed write for all
-  free rows): a thinking row costs what an unconstrained request's costs. ``fill`` still
-  writes that row (every token but the bans) for a caller that asks. Asked once the step's
-  tokens are consumed (look-aheads included); it may do the row's work (the gate places its
-  forced marker near the budget).
-- ``bans() -> list[int]``: the tokens a free row must not take.
-- ``stays_free() -> bool``: a guess made before the next tokens come: the row after one
-  more token will be free and cost no grammar work (no compile to wait for, no walk). V1
-  then follows a batch of such rows inline instead of in its fill thread.
-  (``free``, ``bans`` and ``stays_free`` are the top layer's: ``MatcherWrapper`` does not
-  forward them, since a layer above a free row would have to narrow it, so it is written.)
-- ``reads_prompt() -> int`` and ``read_prompt(tail)``: how many of the prompt's last tokens
-  the stack must read before its first row (``0``: none, or read already), and reading them
-  (once; the runner gives them when it has them: V1 when the request joins, V2 in the step's
-  one device-to-host copy).
 - ``suffixes() -> list[list[int]]``: completions the stack knows from its state (closing's
   witnesses), kept for the same request's next stack when vLLM preempts it
   (``build_stack``'s ``hints``).
 
+The reasoning gate's hooks for the writer (``free``, ``bans``, ``stays_free``,
+``reads_prompt``, ``read_prompt``) are not the contract's: ``stack.GrammarRow`` holds them,
+for the one request that has a gate.
+
 A wrapper (``MatcherWrapper``) holds ``inner`` and forwards the core to it (and
-``reads_prompt``, ``read_prompt``, ``suffixes``); it overrides ``_narrow_own`` (its clearing)
+``suffixes``); it overrides ``_narrow_own`` (its clearing)
 and whichever core calls it must follow (``consume``, ``rollback``... for its own state). A
 new rule on a grammar row is one wrapper and its tests; ``grammars/stack.py`` builds a
 request's stack.
@@ -144,22 +132,6 @@ class Matcher(ABC):
         for matcher, row in pairs:
             matcher.fill(bitmask, row)
 
-    def free(self) -> bool:
-        return False
-
-    def bans(self) -> list[int]:
-        return []
-
-    def stays_free(self) -> bool:
-        return False
-
-    def reads_prompt(self) -> int:
-        return 0
-
-    def read_prompt(self, tail: Sequence[int]) -> None:
-        """A stack that reads no prompt ignores it."""
-        return None
-
     def suffixes(self) -> list[list[int]]:
         return []
 
@@ -212,12 +184,6 @@ class MatcherWrapper(Matcher):
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         """This layer's clearing of ``bitmask[row]`` (the layers below have written it)."""
-
-    def reads_prompt(self) -> int:
-        return self.inner.reads_prompt()
-
-    def read_prompt(self, tail: Sequence[int]) -> None:
-        self.inner.read_prompt(tail)
 
     def suffixes(self) -> list[list[int]]:
         return self.inner.suffixes()

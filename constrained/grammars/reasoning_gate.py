@@ -187,7 +187,7 @@ class GatedMatcher(MatcherWrapper):
     Example (a toy answer below; ``</think>`` one token, id 9)::
 
         stack = GatedMatcher(answer, Thinking(marker, force_after=None, stops=(eos,)))
-        stack.read_prompt(prompt[-stack.reads_prompt():])
+        stack.read_prompt(prompt[-stack.reads_prompt():])   # (``stack.GrammarRow`` asks)
         stack.consume([5, 7])   # thinking
         stack.free(), stack.bans()          # True, [eos]
         stack.consume([9, 3])   # the marker, then the answer's first token (to its stack)

@@ -22,6 +22,11 @@ answer's shortest completion below the closing layer once thinking nears ``max_t
 (``need``) to place its forced marker, and tells the closing layer how many output tokens
 came before the answer's first (``start``: its ``spent``).
 
+``build_stack`` returns a ``GrammarRow``: the stack (``matcher``, the contract of
+``matcher.py``) and the gate's hooks for the writer (a thinking row is *free*: no mask, only
+its bans; the prompt's end read before the first row). A request without a gate has none of
+them to ask.
+
 A grammar that fails to build gives a dead stack (``FailedMatcher``: only end-of-sequence),
 never an exception to the engine. A new rule on grammar rows is one more ``MatcherWrapper``
 placed here.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from constrained.grammars.closing import find_witness
@@ -55,7 +61,7 @@ def build_stack(
     scratch: torch.Tensor | None = None,
     thinking: Thinking | None = None,
     kind: str = "grammar",
-) -> Matcher:
+) -> GrammarRow:
     """The stack for one request: ``compiled``, the future of its compiled grammar;
     ``limit``: its ``max_tokens`` when it closes by them; ``hints``: completions a preempted
     request's earlier stack knew (checked before use); ``scratch``: a host bitmask row for
@@ -63,8 +69,49 @@ def build_stack(
     closing walks a JSON schema's grammar as JSON)."""
     answer = AnswerLayers(compiled, vocab, limit, hints, scratch, kind)
     if thinking is None:
-        return answer.matcher()
-    return GatedMatcher(answer, thinking, limit)
+        return GrammarRow(answer.matcher())
+    gated = GatedMatcher(answer, thinking, limit)
+    return GrammarRow(gated, gated)
+
+
+@dataclass
+class GrammarRow:
+    """A request's row as the writer drives it: the stack (``matcher``) and, when the request
+    thinks first, its gate (the stack's top), which alone knows these:
+
+    - ``free()``: this step's row is free, every token allowed but ``bans()``: the writer
+      writes and applies no mask for it, only its bans (one indexed write for all free
+      rows), so a thinking row costs what an unconstrained request's costs. Asked once the
+      step's tokens are consumed (look-aheads included); it may do the row's work (the gate
+      places its forced marker near the budget).
+    - ``bans()``: the tokens a free row must not take.
+    - ``stays_free()``: a guess made before the next tokens come: the row after one more
+      token will be free and cost no grammar work (no compile to wait for, no walk). V1
+      then follows a batch of such rows inline instead of in its fill thread.
+    - ``reads_prompt()`` and ``read_prompt(tail)``: how many of the prompt's last tokens
+      the gate must read before its first row (``0``: none, or read already), and reading
+      them (once; the runner gives them when it has them: V1 when the request joins, V2 in
+      the step's one device-to-host copy).
+    """
+
+    matcher: Matcher
+    gate: GatedMatcher | None = None
+
+    def free(self) -> bool:
+        return self.gate is not None and self.gate.free()
+
+    def bans(self) -> list[int]:
+        return self.gate.bans() if self.gate is not None else []
+
+    def stays_free(self) -> bool:
+        return self.gate is not None and self.gate.stays_free()
+
+    def reads_prompt(self) -> int:
+        return self.gate.reads_prompt() if self.gate is not None else 0
+
+    def read_prompt(self, tail: Sequence[int]) -> None:
+        if self.gate is not None:
+            self.gate.read_prompt(tail)
 
 
 class AnswerLayers:

@@ -28,7 +28,7 @@ from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.grammars.stack import build_stack
+from constrained.grammars.stack import GrammarRow, build_stack
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
@@ -48,34 +48,50 @@ class RowState:
     output_ids: list[int] | None  # V1's live output list; None under V2
     limit: int | None = None  # finishing by max_tokens (None: closing is off)
     thinking: Thinking | None = None  # its gate, if it thinks first (built with the stack)
-    matcher: Matcher | None = None  # the stack (grammars/stack.py)
+    row: GrammarRow | None = None  # the stack and its gate (grammars/stack.py)
     hints: list[list[int]] = field(default_factory=list)  # a preempted run's completions
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
+
+    @property
+    def matcher(self) -> Matcher | None:
+        """The stack (``GrammarRow.matcher``), once built; None once a matcher failed."""
+        return self.row.matcher if self.row is not None else None
 
     def ready_matcher(self, vocab: Vocab, scratch: torch.Tensor) -> Matcher | None:
         """The stack, built on first call (``build_stack``: it waits for the compile, unless
         the gate is on top: the layers below it are built when first needed); None once a
         matcher failed."""
-        if self.matcher is None and not self.failed:
-            self.matcher = build_stack(
+        if self.row is None and not self.failed:
+            self.row = build_stack(
                 self.compiled, vocab, self.limit, self.hints, scratch, self.thinking, self.spec.kind
             )
         return self.matcher
 
+    def fail(self) -> None:
+        """A matcher failed: the request is allowed only end-of-sequence from now on."""
+        self.failed, self.row = True, None
+
+    def free(self) -> bool:
+        """This step's row is free (``GrammarRow.free``: a thinking row): no mask."""
+        return self.row is not None and self.row.free()
+
+    def bans(self) -> list[int]:
+        return self.row.bans() if self.row is not None else []
+
     def reads_prompt(self) -> int:
         """Prompt tokens the stack still has to read (the gate: whether the prompt closed
         the thinking block)."""
-        return self.matcher.reads_prompt() if self.matcher is not None else 0
+        return self.row.reads_prompt() if self.row is not None else 0
 
     def read_prompt(self, tail: list[int]) -> None:
-        if self.matcher is not None:
-            self.matcher.read_prompt(tail)
+        if self.row is not None:
+            self.row.read_prompt(tail)
 
     def stays_free(self) -> bool:
         """Its next row will likely be free and cheap (a thinking row): V1 follows a batch of
         those inline."""
-        return self.matcher is not None and self.matcher.stays_free()
+        return self.row is not None and self.row.stays_free()
 
 
 class ResumeShelf:
@@ -146,19 +162,19 @@ class MaskWriter:
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
                 state.consumed += len(new)
-                if matcher.free():
-                    self._free_row(matcher, row)
+                if state.free():
+                    self._free_row(state, row)
                 else:
                     self._queued.append((matcher, row))
                 return
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
-            state.failed, state.matcher = True, None
+            state.fail()
         fill_only(self.bitmask, row, [self.eos])
 
-    def _free_row(self, matcher: Matcher, row: int) -> None:
+    def _free_row(self, state: RowState, row: int) -> None:
         self.free.append(row)
-        bans = matcher.bans()
+        bans = state.bans()
         if bans:
             self.banned[0].extend([row] * len(bans))
             self.banned[1].extend(bans)
@@ -184,14 +200,14 @@ class MaskWriter:
             accepted = matcher.try_consume(tokens)
             if accepted < len(tokens):  # an earlier draft is already masked: this row's
                 fill_only(self.bitmask, row, [self.eos])  # sample is discarded
-            elif matcher.free():
-                self._free_row(matcher, row)
+            elif state.free():
+                self._free_row(state, row)
             else:
                 matcher.fill(self.bitmask, row)
             matcher.rollback(accepted)
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
-            state.failed, state.matcher = True, None
+            state.fail()
             fill_only(self.bitmask, row, [self.eos])
 
     def finish(self) -> None:
