@@ -8,7 +8,9 @@ longest member stand for it; a class where either fails is checked member by mem
 tokens writing the witness's first bytes, then ``CLASS_CHECKS`` others; in free text only
 those the request learnt a suffix of their own for), the rest cleared; in a row of structure
 the cleared tokens are checked again by what the grammar forces after them (an enum value's
-rest). A token left unchecked is cleared, so a sorted row never keeps an unsafe token.
+rest). A token left unchecked is cleared; a class kept on its ends' word keeps its inner
+members unchecked (in free text the need after a member is monotone in its plain run's
+length, so the ends bound it; docs/budget.md, where closing cannot apply).
 
 Example::
 
