@@ -113,99 +113,153 @@ class Recorder:
 
 def feed(scan: Scan, data: bytes, base: int, before: bytearray, events: Events) -> bool:
     """Advance ``scan`` over ``data``, which starts at offset ``base`` of the document whose
-    first ``base`` bytes are ``before``; False as soon as ``events`` refuses."""
+    first ``base`` bytes are ``before``; False as soon as ``events`` refuses.
 
-    def text(start: int, end: int) -> bytes:
-        if start >= base:
-            return data[start - base : end - base]
-        return bytes(before[start:base]) + data[: end - base]
-
-    def ended(end: int) -> bool:  # a value ended at ``end`` (exclusive)
-        scan.mode = AFTER
-        if not scan.stack:
-            return True
-        parent = scan.stack[-1]
-        if parent.kind == ARRAY:
-            if parent.rules is not None and not events.item(parent, text(parent.item_start, end)):
-                return False
-            parent.count += 1
-        return True
-
-    def started(at: int) -> None:
-        if scan.stack and scan.stack[-1].kind == ARRAY:
-            scan.stack[-1].item_start = at
-
-    def opened(kind: int) -> None:
-        parent = scan.stack[-1] if scan.stack else None
-        frame = Frame(kind, frozenset() if parent is None else parent.nodes)
-        scan.stack.append(frame)
-        events.opened(frame, parent)
-
+    On the per-token path (a call per token, and per token a look-ahead follows): the loop
+    itself passes over the bytes that only move on (string content, a number's digits,
+    whitespace); each byte with a meaning is one ``_Feed`` method call."""
+    fed = _Feed(scan, data, base, before, events)  # one object per call, no closures
     for offset, byte in enumerate(data):
         at = base + offset
         mode = scan.mode
-        if mode == STRING:
-            if scan.escape:
-                scan.escape = (4 if byte == 0x75 else 0) if scan.escape < 0 else scan.escape - 1
-            elif byte == 0x5C:
-                scan.escape = -1
-            elif byte == 0x22:
-                if scan.in_key:
-                    scan.stack[-1].key = json.loads(text(scan.start, at + 1))
-                    scan.mode = COLON
-                elif not ended(at + 1):
-                    return False
+        if mode == STRING:  # only an escape or the closing quote matters in a string
+            if (scan.escape or byte == 0x5C or byte == 0x22) and not fed.in_string(byte, at):
+                return False
             continue
         if mode == SCALAR:
             if scan.literal:  # a literal is complete at its last letter
                 scan.literal -= 1
-                if not scan.literal and not ended(at + 1):
+                if not scan.literal and not fed.ended(at + 1):
                     return False
                 continue
             if byte in _SCALAR:
                 continue
-            if not ended(at):
+            if not fed.ended(at):  # the byte after a number: read as after a value
                 return False
             mode = AFTER
         if byte in _WHITESPACE:
             continue
         if mode == VALUE:
-            if byte == 0x5D and scan.stack:  # ']': an empty array closes
-                if not _close(scan, at, events, ended):
-                    return False
-                continue
-            started(at)
-            if byte == 0x7B:  # '{'
-                opened(OBJECT)
-                scan.mode = KEY
-            elif byte == 0x5B:  # '['
-                opened(ARRAY)
-                scan.mode = VALUE
-            elif byte == 0x22:
-                scan.mode, scan.in_key, scan.start = STRING, False, at
-            else:
-                scan.mode, scan.start = SCALAR, at
-                scan.literal = _LITERAL_TAIL.get(byte, 0)
+            fits = fed.value_starts(byte, at)
         elif mode == AFTER:
-            if byte == 0x2C and scan.stack:  # ','
-                scan.mode = VALUE if scan.stack[-1].kind == ARRAY else KEY
-            elif byte in (0x5D, 0x7D) and scan.stack and not _close(scan, at, events, ended):
-                return False  # ']' '}'
+            fits = fed.after_value(byte, at)
         elif mode == KEY:
-            if byte == 0x22:
-                scan.mode, scan.in_key, scan.start = STRING, True, at
-            elif byte == 0x7D and scan.stack and not _close(scan, at, events, ended):
-                return False
-        elif mode == COLON and byte == 0x3A:
-            scan.mode = VALUE
+            fits = fed.key_starts(byte, at)
+        else:  # COLON
+            if byte == 0x3A:
+                scan.mode = VALUE
+            continue
+        if not fits:
+            return False
     return True
 
 
-def _close(scan: Scan, at: int, events: Events, ended: Any) -> bool:
-    frame = scan.stack.pop()
-    if frame.kind == ARRAY and frame.rules is not None and not events.closed(frame):
-        return False
-    return ended(at + 1)
+class _Feed:
+    """``feed``'s state for one call: the bytes fed, where they start in the document, and
+    the steps a byte with a meaning takes (a value starts, ends, a container opens or
+    closes). Each step that completes an array item or closes an array asks ``events``:
+    its False stops ``feed``."""
+
+    __slots__ = ("base", "before", "data", "events", "scan")
+
+    def __init__(
+        self, scan: Scan, data: bytes, base: int, before: bytearray, events: Events
+    ) -> None:
+        self.scan = scan
+        self.data = data
+        self.base = base
+        self.before = before
+        self.events = events
+
+    def text(self, start: int, end: int) -> bytes:
+        """The document's bytes ``start:end`` (``end`` within ``data``)."""
+        base, data = self.base, self.data
+        if start >= base:
+            return data[start - base : end - base]
+        return bytes(self.before[start:base]) + data[: end - base]
+
+    def in_string(self, byte: int, at: int) -> bool:
+        """An escape's byte, a backslash or a quote, inside a string."""
+        scan = self.scan
+        if scan.escape:
+            scan.escape = (4 if byte == 0x75 else 0) if scan.escape < 0 else scan.escape - 1
+        elif byte == 0x5C:
+            scan.escape = -1
+        elif byte == 0x22:
+            if scan.in_key:
+                scan.stack[-1].key = json.loads(self.text(scan.start, at + 1))
+                scan.mode = COLON
+            else:
+                return self.ended(at + 1)
+        return True
+
+    def value_starts(self, byte: int, at: int) -> bool:
+        """Where a value may start: it does, or ``]`` closes an empty array."""
+        scan = self.scan
+        if byte == 0x5D and scan.stack:  # ']': an empty array closes
+            return self.close(at)
+        if scan.stack and scan.stack[-1].kind == ARRAY:
+            scan.stack[-1].item_start = at
+        if byte == 0x7B:  # '{'
+            self.opened(OBJECT)
+            scan.mode = KEY
+        elif byte == 0x5B:  # '['
+            self.opened(ARRAY)
+            scan.mode = VALUE
+        elif byte == 0x22:
+            scan.mode, scan.in_key, scan.start = STRING, False, at
+        else:
+            scan.mode, scan.start = SCALAR, at
+            scan.literal = _LITERAL_TAIL.get(byte, 0)
+        return True
+
+    def after_value(self, byte: int, at: int) -> bool:
+        """After a value: a ``,``, or a ``]`` / ``}`` closing its container."""
+        scan = self.scan
+        if byte == 0x2C and scan.stack:  # ','
+            scan.mode = VALUE if scan.stack[-1].kind == ARRAY else KEY
+        elif byte in (0x5D, 0x7D) and scan.stack:  # ']' '}'
+            return self.close(at)
+        return True
+
+    def key_starts(self, byte: int, at: int) -> bool:
+        """Where an object's key may start: it does, or ``}`` closes the object."""
+        scan = self.scan
+        if byte == 0x22:
+            scan.mode, scan.in_key, scan.start = STRING, True, at
+        elif byte == 0x7D and scan.stack:
+            return self.close(at)
+        return True
+
+    def ended(self, end: int) -> bool:
+        """A value ended at ``end`` (exclusive): an item of a checked array is reported."""
+        scan = self.scan
+        scan.mode = AFTER
+        if not scan.stack:
+            return True
+        parent = scan.stack[-1]
+        if parent.kind == ARRAY:
+            if parent.rules is not None and not self.events.item(
+                parent, self.text(parent.item_start, end)
+            ):
+                return False
+            parent.count += 1
+        return True
+
+    def opened(self, kind: int) -> None:
+        scan = self.scan
+        parent = scan.stack[-1] if scan.stack else None
+        frame = Frame(kind, frozenset() if parent is None else parent.nodes)
+        scan.stack.append(frame)
+        self.events.opened(frame, parent)
+
+    def close(self, at: int) -> bool:
+        """The innermost container closes at ``at`` (a checked array is reported), and is
+        a value that ended there."""
+        frame = self.scan.stack.pop()
+        if frame.kind == ARRAY and frame.rules is not None and not self.events.closed(frame):
+            return False
+        return self.ended(at + 1)
 
 
 @dataclass(frozen=True)
