@@ -130,107 +130,155 @@ def find_witness(
     first ``_LOOKAHEAD_MISSES`` steps, then at one in that many while none is found.
     """
     wanted = min(limit, MAX_WITNESS_TOKENS)
-    path = _walk(
+    walk = _Walk(
         matcher, vocab, min(2 * wanted + 4, MAX_WITNESS_TOKENS), scratch, plain_text, joins
     )
+    path = walk.run()
     if path is None:
         return None
     path = shortest_spelling(matcher, vocab, path)
     return path if len(path) <= wanted else None
 
 
-def _walk(
-    matcher: Matcher,
-    vocab: Vocab,
-    limit: int,
-    scratch: torch.Tensor | None,
-    plain_text: bool,
-    joins: Sequence[Sequence[int]],
-) -> list[int] | None:
-    """``find_witness``'s walk, at most ``limit`` tokens as the walk takes them."""
-    orders = (token_ranks(vocab, True), token_ranks(vocab, False))
-    quote = vocab._once("closing_quote", lambda: int(orders[0].argmin()))  # '"': first
-    closers = closing_sequences(vocab)
-    # What each token costs more once used (a fresh zeroed array is cheaper than a copy)
-    used = _literal_costs(vocab).copy() if plain_text else np.zeros(vocab.width, np.int32)
-    if scratch is None:
-        scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
-    words = scratch[0].numpy().view(np.uint32)  # the row each step's mask is written to
-    path: list[int] = []
-    joins = sorted((list(j) for j in joins if j), key=len)
-    misses = 0  # lookaheads in a row that found no token the string closes after
-    try:
-        while not matcher.accepts_end():
-            if len(path) >= limit:
-                return None
-            if path:  # the caller's completions, from here
-                rest = next(
-                    (j for j in joins if len(path) + len(j) <= limit and matcher.completes(j)),
-                    None,
-                )
+class _Walk:
+    """One ``find_witness`` walk: from the matcher's state, a token at a time, the best
+    finisher its mask allows (rank in ``token_ranks``' order for the state: structure or a
+    string's content, plus ``_REUSE_COST`` each time the walk has taken it), the grammar's
+    forced tokens first, a caller's completion as soon as one fits."""
+
+    def __init__(
+        self,
+        matcher: Matcher,
+        vocab: Vocab,
+        limit: int,
+        scratch: torch.Tensor | None,
+        plain_text: bool,
+        joins: Sequence[Sequence[int]],
+    ) -> None:
+        self.matcher = matcher
+        self.vocab = vocab
+        self.limit = limit  # tokens as the walk takes them
+        self.orders = orders = (token_ranks(vocab, True), token_ranks(vocab, False))
+        self.quote = vocab._once("closing_quote", lambda: int(orders[0].argmin()))  # '"': first
+        self.closers = closing_sequences(vocab)
+        # What each token costs more once used (a fresh zeroed array is cheaper than a copy)
+        self.used = _literal_costs(vocab).copy() if plain_text else np.zeros(vocab.width, np.int32)
+        if scratch is None:
+            scratch = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+        self.scratch = scratch
+        self.words = scratch[0].numpy().view(np.uint32)  # the row each step's mask is written to
+        self.joins = sorted((list(j) for j in joins if j), key=len)
+        self.path: list[int] = []
+        self.misses = 0  # lookaheads in a row that found no token the string closes after
+
+    def run(self) -> list[int] | None:
+        """The walk's tokens, or ``None`` (no completion within ``limit``, or no token to
+        take); the matcher is left where it was."""
+        matcher, path = self.matcher, self.path
+        try:
+            while not matcher.accepts_end():
+                if len(path) >= self.limit:
+                    return None
+                rest = self._joined() if path else None  # the caller's completions, from here
                 if rest is not None:
                     return path + rest
-            ahead = matcher.forced()[: limit - len(path)]  # what the grammar forces next
-            if ahead:
-                taken = matcher.try_consume(ahead)
-                path.extend(ahead[:taken])
-                if taken:
+                if self._took_forced():
                     continue
-            matcher.fill(scratch, 0)
-            few = _few_allowed(words, vocab.width)
-            if few is not None:  # structure (keys, punctuation): the few allowed tokens only
-                costs = orders[0][few] + used[few]
-                token = int(few[costs.argmin()]) if few.size else -1
-                if token < 0 or orders[0][token] >= _NEVER or matcher.try_consume([token]) != 1:
+                matcher.fill(self.scratch, 0)
+                few = _few_allowed(self.words, self.vocab.width)
+                if few is not None:  # structure (keys, punctuation): the few allowed tokens only
+                    token = self._structure_token(few)
+                    if token is None or not self._take(token, self.orders[0]):
+                        return None
+                elif not self._wide_step():
                     return None
-                path.append(token)
-                if orders[0][token] > _CLOSER:
-                    used[token] += _REUSE_COST
-                continue
-            # Most of the vocabulary allowed: inside a string, where the content order works.
-            in_string = int(np.bitwise_count(words).sum()) > vocab.width // 4
-            if in_string and len(path) + 1 < limit:  # raw text (Qwen's XML): close it now
-                closer = next((c for c in closers if completes_prefix(matcher, c)), None)
-                if closer is not None and len(path) + len(closer) <= limit:
-                    matcher.try_consume(closer)
-                    path.extend(closer)
-                    continue
-            # '"' closes the string: ranked first, and no pass over the row is needed
-            quoted = in_string and words[quote >> 5] >> np.uint32(quote & 31) & 1
-            if quoted and matcher.try_consume([quote]) == 1:
-                path.append(quote)
-                continue
-            ranks = orders[int(in_string)]
-            look = in_string and (misses < _LOOKAHEAD_MISSES or misses % _LOOKAHEAD_MISSES == 0)
-            cheap, cheap_cost = _allowed_cheap(vocab, int(in_string), used, words)
-            if cheap.size >= _LOOKAHEAD:  # the cheapest tokens all ranked single bytes: no
-                # pass over the vocabulary (the same choice as the whole row's)
-                token = _closing_next(matcher, cheap, cheap_cost, quote) if look else None
-                closes = token is not None
-                if token is None:
-                    token = int(cheap[cheap_cost.argmin()])
-            else:
-                allowed = allowed_ids(scratch[0], vocab.width)
-                cost = np.where(allowed, ranks + used, _NEVER)
-                token = None
-                if look:  # the lookahead's tokens: a pass over the vocabulary only then
-                    few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
-                    token = _closing_next(matcher, few, cost[few], quote)
-                closes = token is not None
-                if token is None:
-                    token = int(cost.argmin())
-                if not allowed[token] or ranks[token] >= _NEVER:
-                    return None
-            if in_string:
-                misses = 0 if closes else misses + 1
-            if matcher.try_consume([token]) != 1:
-                return None
-            path.append(token)
-            if ranks[token] > _CLOSER:  # closing never circles; anything else may
-                used[token] += _REUSE_COST
-        return path
-    finally:
-        matcher.rollback(len(path))
+            return path
+        finally:
+            matcher.rollback(len(path))
+
+    def _joined(self) -> list[int] | None:
+        """The shortest of the caller's completions that completes from here in time."""
+        path, limit, matcher = self.path, self.limit, self.matcher
+        return next(
+            (j for j in self.joins if len(path) + len(j) <= limit and matcher.completes(j)), None
+        )
+
+    def _took_forced(self) -> bool:
+        """Whether the walk took tokens the grammar forces next."""
+        ahead = self.matcher.forced()[: self.limit - len(self.path)]
+        if not ahead:
+            return False
+        taken = self.matcher.try_consume(ahead)
+        self.path.extend(ahead[:taken])
+        return taken > 0
+
+    def _structure_token(self, few: np.ndarray) -> int | None:
+        """The cheapest of a narrow row's allowed tokens (``few``) in the closers-first
+        order; ``None`` if none or only never-used ones."""
+        costs = self.orders[0][few] + self.used[few]
+        token = int(few[costs.argmin()]) if few.size else -1
+        return None if token < 0 or self.orders[0][token] >= _NEVER else token
+
+    def _wide_step(self) -> bool:
+        """One step in a row allowing most of the vocabulary (inside a string, where the
+        content order works): close raw text or the string if the grammar lets it, else
+        take the cheapest token, one the string can close after first. False: none."""
+        matcher, path, words = self.matcher, self.path, self.words
+        in_string = int(np.bitwise_count(words).sum()) > self.vocab.width // 4
+        if in_string and len(path) + 1 < self.limit:  # raw text (Qwen's XML): close it now
+            closer = next((c for c in self.closers if completes_prefix(matcher, c)), None)
+            if closer is not None and len(path) + len(closer) <= self.limit:
+                matcher.try_consume(closer)
+                path.extend(closer)
+                return True
+        # '"' closes the string: ranked first, and no pass over the row is needed
+        quote = self.quote
+        quoted = in_string and words[quote >> 5] >> np.uint32(quote & 31) & 1
+        if quoted and matcher.try_consume([quote]) == 1:
+            path.append(quote)
+            return True
+        ranks = self.orders[int(in_string)]
+        token, closes = self._cheapest(in_string, ranks)
+        if token is None:
+            return False
+        if in_string:
+            self.misses = 0 if closes else self.misses + 1
+        return self._take(token, ranks)
+
+    def _cheapest(self, in_string: bool, ranks: np.ndarray) -> tuple[int | None, bool]:
+        """The token a wide row's step takes (``None``: no token to take), and whether the
+        lookahead found it (the string can close after it)."""
+        misses, quote = self.misses, self.quote
+        look = in_string and (misses < _LOOKAHEAD_MISSES or misses % _LOOKAHEAD_MISSES == 0)
+        cheap, cheap_cost = _allowed_cheap(self.vocab, int(in_string), self.used, self.words)
+        if cheap.size >= _LOOKAHEAD:  # the cheapest tokens all ranked single bytes: no
+            # pass over the vocabulary (the same choice as the whole row's)
+            token = _closing_next(self.matcher, cheap, cheap_cost, quote) if look else None
+            if token is not None:
+                return token, True
+            return int(cheap[cheap_cost.argmin()]), False
+        allowed = allowed_ids(self.scratch[0], self.vocab.width)
+        cost = np.where(allowed, ranks + self.used, _NEVER)
+        token = None
+        if look:  # the lookahead's tokens: a pass over the vocabulary only then
+            few = np.argpartition(cost, _LOOKAHEAD)[:_LOOKAHEAD]
+            token = _closing_next(self.matcher, few, cost[few], quote)
+        closes = token is not None
+        if token is None:
+            token = int(cost.argmin())
+        if not allowed[token] or ranks[token] >= _NEVER:
+            return None, closes
+        return token, closes
+
+    def _take(self, token: int, ranks: np.ndarray) -> bool:
+        """Consume ``token`` onto the path (False if the matcher refuses it); taking it
+        again costs more unless it closes something."""
+        if self.matcher.try_consume([token]) != 1:
+            return False
+        self.path.append(token)
+        if ranks[token] > _CLOSER:  # closing never circles; anything else may
+            self.used[token] += _REUSE_COST
+        return True
 
 
 def _literal_costs(vocab: Vocab) -> np.ndarray:
