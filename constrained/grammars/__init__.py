@@ -14,7 +14,9 @@ Modules:
 - ``vocab``: ``Vocab``, the tokenizer in each backend's form.
 - ``matcher``: the ``Matcher`` interface and bitmask helpers.
 - ``backend``: ``Backend``, what a backend plugs in.
-- ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``).
+- ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``);
+  its parts ``checked_text`` (the JSON text followed), ``checked_row`` (a row's clearing),
+  ``checked_lookahead`` (one token's verdict), ``checked_contains`` (items that must match).
 - ``closing``: witness walks, finishing inside a token budget.
 - ``closing_matcher``: ``ClosingMatcher``, the row's layer that finishes by ``max_tokens``;
   ``token_shapes`` (its vocabulary tables: token classes, free text, half-written tokens)

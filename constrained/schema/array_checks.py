@@ -631,7 +631,7 @@ def sample_values(schemas: list[Any], root: Any, depth: int = 0) -> list[Any]:
     """A few values meant to satisfy every one of ``schemas`` (a guess, not a proof: the
     caller checks each): their ``const`` / ``enum``, else small values of a type they all
     allow, objects with their required members. For steering an item into a ``contains``
-    match (``checked_matcher``)."""
+    match (``grammars/checked_contains.py``)."""
     flat: list[dict] = []
     for schema in schemas:
         for conjunct in conjuncts(schema, root):

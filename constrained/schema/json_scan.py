@@ -5,7 +5,7 @@ is inside a string, a number or literal, a key); ``feed`` advances it and calls 
 an array opens, one of its items completes, or it closes. It does not validate: the grammar
 has already allowed every byte it is given. No vLLM, no backend.
 
-``token_reach`` summarizes each vocabulary token for the look-up ``checked_matcher`` does
+``token_reach`` summarizes each vocabulary token for the look-up ``checked_row`` does
 before a mask: how far out of the current nesting a token can close, so only the tokens
 that can complete an item or close an array are followed byte by byte.
 
