@@ -6,6 +6,7 @@ refusals by name and the compiled-grammar store."""
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 import zlib
 
@@ -22,6 +23,8 @@ from constrained.schema.json_scan import Recorder, Scan, feed
 from tests.test_schema_rewrite import walked_suite_groups
 from tests.test_schema_suite import WIDTH
 from tests.walker import Walker
+
+MASKBENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
 
 STRINGS = {"type": "array", "items": {"type": "string", "maxLength": 6}, "uniqueItems": True}
 COLOURS = {
@@ -464,3 +467,26 @@ def test_the_store_keeps_the_backend_grammar_and_the_checks_come_back(tmp_path, 
     loaded = second._load_or_compile(spec)
     assert isinstance(loaded, CheckedGrammar)
     assert not walker.accepts(loaded, ["a", "a"]) and walker.accepts(loaded, ["a", "b"])
+
+
+def test_a_plan_is_the_same_however_its_schema_sits_in_memory():
+    """A plan's sets of subschemas are sets of ``id()``s; everything read from them (an
+    array's ``contains`` checks, the values tried to steer an item into a match) comes in
+    the schema's own order, not the addresses': the same schema gives the same rows in every
+    process and on every rank (it once gave 5 or 9 unfinished walks run to run)."""
+    from constrained.schema.array_checks import sample_values
+
+    text = (MASKBENCH / "Handwritten---itemscontains2.json").read_text()
+    schema_text = json.dumps(json.loads(text)["schema"])
+    seen = set()
+    held = []
+    for size in range(12):
+        held.append([{} for _ in range(size * 37)])  # other objects: other addresses
+        _, plan = plan_checks(schema_text, "auto")
+        item = plan.child(plan.root, 0)
+        rules = plan.rules(item)
+        order = json.dumps([c.schema for c in rules.contains])
+        nodes = plan.ordered(plan.child(item, 0))
+        samples = sample_values(nodes, plan.schema)
+        seen.add((order, json.dumps(nodes), json.dumps(samples)))
+    assert len(seen) == 1, seen

@@ -112,7 +112,7 @@ class ContainsSteering:
         key = (id(rules), nodes)
         found = self._samples.get(key)
         if found is None:
-            schemas = [self.plan.nodes[n] for n in nodes]
+            schemas = self.plan.ordered(nodes)
             contains = {id(c.schema) for c in rules.contains}
             items = [s for s in schemas if id(s) not in contains]
             found = sample_values(schemas, self.plan.schema)

@@ -155,6 +155,11 @@ class CheckPlan:
             pending += [s for s in _in_place(node, self.schema) if isinstance(s, dict)]
         return frozenset(found)
 
+    def ordered(self, nodes: NodeSet) -> list[dict]:
+        """The subschemas of ``nodes`` in the order the plan found them: a set of ``id()``s
+        iterates in the order of their addresses, which differ from process to process."""
+        return [node for key, node in self.nodes.items() if key in nodes]
+
     def child(self, nodes: NodeSet, at: str | int) -> NodeSet:
         """The subschemas applying to member ``at`` (a key) or item ``at`` (an index)."""
         if not nodes:
@@ -162,8 +167,7 @@ class CheckPlan:
         memo = self._children.get((nodes, at))
         if memo is None:
             found: list[Any] = []
-            for node_id in nodes:
-                node = self.nodes[node_id]
+            for node in self.ordered(nodes):
                 found += (
                     _members(node, at) if isinstance(at, str) else _items(node, at, self.prefixed)
                 )
@@ -175,7 +179,7 @@ class CheckPlan:
     def rules(self, nodes: NodeSet) -> ArrayRules | None:
         """The checks of an array the subschemas ``nodes`` reach."""
         if nodes not in self._rules:
-            self._rules[nodes] = self._rules_of([self.nodes[n] for n in nodes])
+            self._rules[nodes] = self._rules_of(self.ordered(nodes))
         return self._rules[nodes]
 
     def _rules_of(self, nodes: list[dict]) -> ArrayRules | None:
@@ -361,7 +365,7 @@ def _refuse_unsatisfiable(
         if id(node) in done:
             continue
         done.add(id(node))
-        closure = [plan.nodes[i] for i in plan._closure([node])]
+        closure = plan.ordered(plan._closure([node]))
         rules = plan._rules_of(closure)
         if rules is None or plan.satisfiable(rules):
             continue
