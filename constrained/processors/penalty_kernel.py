@@ -245,53 +245,101 @@ def apply_fused_elementwise(
     rows, vocab = logits.shape
     if rows == 0:
         return logits
-    slots = ctx.expanded_idx_mapping
-    local_pos = ctx.expanded_local_pos
+    num_blocks = _vocab_blocks(vocab)
+    if bias is not None or penalties is not None:
+        _launch_prep(logits, ctx, bias, penalties)
+    if penalties is None and log_min_p is None:
+        return logits
+    block_max = _block_max_buffer(scratch, rows, logits.device) if log_min_p is not None else None
+    _launch_penalties_max(logits, ctx, penalties, log_min_p, block_max, num_blocks)
+    if log_min_p is not None:
+        _launch_min_p_mask(logits, ctx, log_min_p, block_max, num_blocks)
+    return logits
+
+
+def _vocab_blocks(vocab: int) -> int:
+    """How many ``BLOCK_SIZE`` blocks cover the vocabulary: at most ``MAX_BLOCKS``, the
+    width of the block-maxima buffer."""
     num_blocks = triton.cdiv(vocab, BLOCK_SIZE)
     if num_blocks > MAX_BLOCKS:
         raise ValueError(f"vocab {vocab} wider than {MAX_BLOCKS * BLOCK_SIZE}")
+    return num_blocks
+
+
+def _block_max_buffer(scratch: dict, rows: int, device: torch.device) -> torch.Tensor:
+    """The [rows, MAX_BLOCKS] float32 buffer of block maxima, kept in ``scratch`` and grown
+    only when a call has more rows (at least 8 rows)."""
+    block_max = scratch.get("block_max")
+    if block_max is None or block_max.shape[0] < rows:
+        block_max = torch.empty(max(rows, 8), MAX_BLOCKS, dtype=torch.float32, device=device)
+        scratch["block_max"] = block_max
+    return block_max
+
+
+# In the launches below, a table the step does not have is never read (its ``HAS_*`` flag is
+# off); a tensor of the right kind stands in for its pointer: the logits for a float table,
+# the row slots for an integer one.
+
+
+def _launch_prep(
+    logits: torch.Tensor,
+    ctx: object,
+    bias: tuple[torch.Tensor, torch.Tensor] | None,
+    penalties: dict | None,
+) -> None:
+    """Launch 1, ``_prep_kernel`` [rows]: the sparse bias added, and the tokens committed
+    since the last step counted into the packed table."""
+    slots = ctx.expanded_idx_mapping
     p = penalties or {}
     dummy_f = logits
-    if bias is not None or penalties is not None:
-        bias_ids, bias_values = bias if bias is not None else (slots, dummy_f)
-        _prep_kernel[(rows,)](
-            logits,
-            logits.stride(0),
-            slots,
-            local_pos,
-            bias_ids,
-            bias_values,
-            bias_ids.stride(0) if bias is not None else 0,
-            bias_ids.shape[1] if bias is not None else 0,
-            p.get("repetition", dummy_f),
-            p.get("frequency", dummy_f),
-            p.get("presence", dummy_f),
-            p.get("unit", slots),
-            p.get("window", slots),
-            p.get("counts", slots),
-            p["counts"].stride(0) if penalties is not None else 0,
-            p.get("counted", slots),
-            p.get("total_len", slots),
-            p.get("prompt_len", slots),
-            p.get("all_token_ids", slots),
-            p["all_token_ids"].stride(0) if penalties is not None else 0,
-            HAS_BIAS=bias is not None,
-            HAS_PENALTIES=penalties is not None,
-            BIAS_BLOCK=_next_pow2(bias_ids.shape[1]) if bias is not None else 1,
-        )
-    if penalties is None and log_min_p is None:
-        return logits
-    block_max = scratch.get("block_max")
-    if log_min_p is not None and (block_max is None or block_max.shape[0] < rows):
-        block_max = torch.empty(max(rows, 8), MAX_BLOCKS, dtype=torch.float32,
-                                device=logits.device)  # fmt: skip
-        scratch["block_max"] = block_max
+    bias_ids, bias_values = bias if bias is not None else (slots, dummy_f)
+    _prep_kernel[(logits.shape[0],)](
+        logits,
+        logits.stride(0),
+        slots,
+        ctx.expanded_local_pos,
+        bias_ids,
+        bias_values,
+        bias_ids.stride(0) if bias is not None else 0,
+        bias_ids.shape[1] if bias is not None else 0,
+        p.get("repetition", dummy_f),
+        p.get("frequency", dummy_f),
+        p.get("presence", dummy_f),
+        p.get("unit", slots),
+        p.get("window", slots),
+        p.get("counts", slots),
+        p["counts"].stride(0) if penalties is not None else 0,
+        p.get("counted", slots),
+        p.get("total_len", slots),
+        p.get("prompt_len", slots),
+        p.get("all_token_ids", slots),
+        p["all_token_ids"].stride(0) if penalties is not None else 0,
+        HAS_BIAS=bias is not None,
+        HAS_PENALTIES=penalties is not None,
+        BIAS_BLOCK=_next_pow2(bias_ids.shape[1]) if bias is not None else 1,
+    )
+
+
+def _launch_penalties_max(
+    logits: torch.Tensor,
+    ctx: object,
+    penalties: dict | None,
+    log_min_p: torch.Tensor | None,
+    block_max: torch.Tensor | None,
+    num_blocks: int,
+) -> None:
+    """Launch 2, ``_penalties_max_kernel`` [rows, blocks]: the penalties, then each block's
+    maximum into ``block_max`` when min-p follows."""
+    rows, vocab = logits.shape
+    slots = ctx.expanded_idx_mapping
+    p = penalties or {}
+    dummy_f = logits
     _penalties_max_kernel[(rows, num_blocks)](
         logits,
         logits.stride(0),
         slots,
         ctx.input_ids,
-        local_pos,
+        ctx.expanded_local_pos,
         p.get("repetition", dummy_f),
         p.get("frequency", dummy_f),
         p.get("presence", dummy_f),
@@ -311,16 +359,26 @@ def apply_fused_elementwise(
         MAX_BLOCKS=MAX_BLOCKS,
         BLOCK_SIZE=BLOCK_SIZE,
     )
-    if log_min_p is not None:
-        _min_p_mask_kernel[(rows, num_blocks)](
-            logits,
-            logits.stride(0),
-            slots,
-            log_min_p,
-            block_max,
-            num_blocks,
-            vocab,
-            MAX_BLOCKS=MAX_BLOCKS,
-            BLOCK_SIZE=BLOCK_SIZE,
-        )
-    return logits
+
+
+def _launch_min_p_mask(
+    logits: torch.Tensor,
+    ctx: object,
+    log_min_p: torch.Tensor,
+    block_max: torch.Tensor,
+    num_blocks: int,
+) -> None:
+    """Launch 3, ``_min_p_mask_kernel`` [rows, blocks]: each row's maximum from its block
+    maxima, then the logits below ``max + T * log(min_p)`` set to -inf."""
+    rows, vocab = logits.shape
+    _min_p_mask_kernel[(rows, num_blocks)](
+        logits,
+        logits.stride(0),
+        ctx.expanded_idx_mapping,
+        log_min_p,
+        block_max,
+        num_blocks,
+        vocab,
+        MAX_BLOCKS=MAX_BLOCKS,
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
