@@ -369,6 +369,22 @@ class V1MaskFill:
         return [row for row in ours if row not in free] if free else ours
 
 
+@dataclass
+class _StepCopy:
+    """What the host needs of one V2 step, from its one device-to-host copy: each row's slot,
+    local position (drafts before it), input id and position; the committed tokens the
+    constrained requests' matchers have not seen, end to end (``history``); and per
+    constrained slot, where its own start: ``(offset in history, first position, how many
+    end the prompt)``."""
+
+    row_slot: np.ndarray
+    local: np.ndarray
+    input_ids: np.ndarray
+    pos: np.ndarray
+    history: np.ndarray
+    unseen: dict[int, tuple[int, int, int]]
+
+
 class V2MaskFill:
     """V2: fill in ``apply``, after one device-to-host copy of what the step needs."""
 
@@ -386,27 +402,38 @@ class V2MaskFill:
     def rows_to_mask(self, rows: Rows, logits: torch.Tensor) -> list[int]:
         """Rows are (request, draft position) pairs; drafts are matched then undone.
 
-        The host needs the tokens the device sampled, so this is the step's one
-        device-to-host sync: one copy of the row layout and of each constrained request's
-        committed tokens its matcher has not seen (gathered on the device from
-        ``req_states.all_token_ids``; ``ctx.seq_lens_upper_bound_np`` bounds how many). So a
-        resumed request, or accepted drafts, cost no extra sync; closing needs no logits.
+        The host needs the tokens the device sampled: they come in the step's one
+        device-to-host sync (``_fetch_step``). So a resumed request, or accepted drafts, cost
+        no extra sync; closing needs no logits.
         """
-        ctx, num_rows = rows.ctx, rows.count
+        num_rows = rows.count
         self.writer.start_step()
+        step = self._fetch_step(rows.ctx, num_rows)
+        ours = np.flatnonzero(self.slots.active[step.row_slot]).tolist()
+        self.writer.ensure_rows(num_rows)
+        for row in ours:
+            slot = int(step.row_slot[row])
+            state: RowState = self.slots.payload[slot]
+            k = int(step.local[row])
+            if k == 0:
+                self.writer.advance(state, self._committed_tokens(state, slot, row, step), row)
+            else:  # row k of a request: drafts fed at its rows 1..k
+                self.writer.draft(state, row, step.input_ids[row - k + 1 : row + 1])
+        self.writer.finish()
+        free = set(self.writer.free)
+        return [row for row in ours if row not in free] if free else ours
+
+    def _fetch_step(self, ctx: Any, num_rows: int) -> _StepCopy:
+        """The step's one device-to-host sync: one copy of the row layout and of each
+        constrained request's committed tokens its matcher has not seen (gathered on the
+        device from ``req_states.all_token_ids``; ``ctx.seq_lens_upper_bound_np`` bounds how
+        many)."""
         batch_slots = ctx.idx_mapping_np
         mine = self.slots.active[batch_slots]
         slots = batch_slots[mine].astype(np.int64)
         tokens = self.req_states.all_token_ids.gpu
-        states: list[RowState] = [self.slots.payload[s] for s in slots]
-        consumed = np.array([state.consumed for state in states], dtype=np.int64)
-        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
-        # A stack still to read the prompt's end (the gate) gets its last tokens in this copy.
-        back = np.array([s.reads_prompt() for s in states], dtype=np.int64)
-        back = np.minimum(back, prompt_len)
-        start = prompt_len + consumed - back
-        end = np.minimum(ctx.seq_lens_upper_bound_np[mine].astype(np.int64), tokens.shape[1])
-        count = np.maximum(end - start, 0)
+        bound = ctx.seq_lens_upper_bound_np[mine]
+        start, count, back = self._unseen_spans(slots, bound, tokens.shape[1])
         offsets = np.cumsum(count) - count
         positions = np.repeat(start - offsets, count) + np.arange(int(count.sum()))
         index = torch.from_numpy(np.stack([np.repeat(slots, count), positions]))
@@ -416,31 +443,39 @@ class V2MaskFill:
         parts = [per_row, tokens[index[0], index[1]].long()]
         host = fetch_to_host(torch.cat(parts))
         row_slot, local, input_ids, pos = host[: 4 * num_rows].reshape(4, num_rows)
-        history = host[4 * num_rows :]
         unseen = {
             int(s): (int(o), int(b), int(k))
             for s, o, b, k in zip(slots, offsets, start, back, strict=True)
         }
+        return _StepCopy(row_slot, local, input_ids, pos, host[4 * num_rows :], unseen)
 
-        ours = np.flatnonzero(self.slots.active[row_slot]).tolist()
-        self.writer.ensure_rows(num_rows)
-        for row in ours:
-            slot = int(row_slot[row])
-            state: RowState = self.slots.payload[slot]
-            k = int(local[row])
-            if k == 0:
-                offset, first, tail = unseen[slot]
-                new = max(int(pos[row]) + 1 - first, 0) if not state.failed else 0
-                seen = history[offset : offset + new].tolist()
-                if tail:
-                    if len(seen) < tail:  # in the prefill (its sample is discarded): next step
-                        seen = []
-                    else:
-                        state.read_prompt(seen[:tail])
-                        seen = seen[tail:]
-                self.writer.advance(state, seen, row)
-            else:  # row k of a request: drafts fed at its rows 1..k
-                self.writer.draft(state, row, input_ids[row - k + 1 : row + 1])
-        self.writer.finish()
-        free = set(self.writer.free)
-        return [row for row in ours if row not in free] if free else ours
+    def _unseen_spans(
+        self, slots: np.ndarray, bound: np.ndarray, width: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per constrained request (``slots``), the span of ``all_token_ids`` (``width``
+        wide) to copy: its first position, its length (to ``bound``, the sequence's upper
+        bound), and how many of its tokens end the prompt."""
+        states: list[RowState] = [self.slots.payload[s] for s in slots]
+        consumed = np.array([state.consumed for state in states], dtype=np.int64)
+        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
+        # A stack still to read the prompt's end (the gate) gets its last tokens in this copy.
+        back = np.array([s.reads_prompt() for s in states], dtype=np.int64)
+        back = np.minimum(back, prompt_len)
+        start = prompt_len + consumed - back
+        end = np.minimum(bound.astype(np.int64), width)
+        return start, np.maximum(end - start, 0), back
+
+    @staticmethod
+    def _committed_tokens(state: RowState, slot: int, row: int, step: _StepCopy) -> list[int]:
+        """The tokens committed to ``slot``'s request that its matcher has not seen, up to the
+        position of ``row`` (its first row this step); the prompt's end, when its stack reads
+        it, goes to ``state.read_prompt`` first."""
+        offset, first, tail = step.unseen[slot]
+        new = max(int(step.pos[row]) + 1 - first, 0) if not state.failed else 0
+        seen = step.history[offset : offset + new].tolist()
+        if tail:
+            if len(seen) < tail:  # in the prefill (its sample is discarded): next step
+                return []
+            state.read_prompt(seen[:tail])
+            seen = seen[tail:]
+        return seen
