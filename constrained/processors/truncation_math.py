@@ -311,14 +311,28 @@ def typical_bounds_on_host(
     Ties at the boundary stay.
 
     The same math as ``typical_bounds`` in fewer, cheaper passes over the block (on CPU each
-    pass costs about as much as the arithmetic): ``-inf`` clamped before the ``exp`` (so no
-    ``0 * -inf``), the expected logit as one BLAS dot per row, the bucket of every row's
-    token in one flat int32 index (``bins + 1`` buckets a row: ``d == width`` may round to
-    the last), and ``d`` recomputed only for the crossing bucket's tokens. NumPy runs the
-    ``exp``, the bucket compare and the ``nonzero``: 2x, 10x and 2x faster than torch's
-    on one core of this project's CPU machine (shared memory, no copies).
+    pass costs about as much as the arithmetic; each helper below says how). NumPy runs the
+    ``exp``, the bucket compare and the ``nonzero``: 2x, 10x and 2x faster than torch's on
+    one core of this project's CPU machine (shared memory, no copies).
     """
-    rows_, width_ = logits.shape
+    top, shifted, weight, centre, width, target = _typicality_on_host(logits, mass, scratch)
+    bucket, offsets, crossing, below = _crossing_buckets(
+        shifted, weight, centre, width, target, scratch, bins
+    )
+    rows, d, w = _crossing_bucket_members(
+        shifted, weight, centre, bucket, offsets, crossing, scratch
+    )
+    radius = _crossing_radius(rows, d, w, below, target, width, bins)
+    return _typical_interval(top, centre, radius, mass)
+
+
+def _typicality_on_host(logits: torch.Tensor, mass: torch.Tensor, scratch: Scratch) -> tuple:
+    """``_typicality`` for ``typical_bounds_on_host``: the top logit, ``l - top`` (clamped),
+    ``p * Z``, ``c - top``, the range of ``d`` and the target mass ``mass * Z`` (float64).
+
+    ``-inf`` clamped before the ``exp`` (so no ``0 * -inf``), the expected logit as one BLAS
+    dot per row.
+    """
     top = logits.amax(-1, keepdim=True)
     bottom = logits.amin(-1, keepdim=True)  # two passes: aminmax is 30x slower on CPU here
     shifted = torch.sub(logits, top, out=scratch.like("shifted", logits))
@@ -326,34 +340,81 @@ def typical_bounds_on_host(
     weight = scratch.like("weight", logits)
     np.exp(shifted.numpy(), out=weight.numpy())
     total = weight.sum(-1, keepdim=True)
-    dots = [torch.dot(weight[row], shifted[row]) for row in range(rows_)]
+    dots = [torch.dot(weight[row], shifted[row]) for row in range(logits.shape[0])]
     centre = torch.stack(dots).view(-1, 1) / total  # c - top, <= 0
     lowest = (bottom - top).clamp_(min=-EXP_IS_ZERO)
     width = torch.maximum(-centre, centre - lowest).clamp_(min=1e-3)
     target = mass.unsqueeze(1).double() * total.double()
+    return top, shifted, weight, centre, width, target
+
+
+def _crossing_buckets(
+    shifted: torch.Tensor,
+    weight: torch.Tensor,
+    centre: torch.Tensor,
+    width: torch.Tensor,
+    target: torch.Tensor,
+    scratch: Scratch,
+    bins: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One histogram level of the mass by ``d = |l - c|``: each token's flat bucket, each
+    row's bucket offset, the bucket where the row's running mass crosses the target, and the
+    mass of the buckets below it (float64).
+
+    The bucket of every row's token in one flat int32 index (``bins + 1`` buckets a row:
+    ``d == width`` may round to the last).
+    """
+    rows_ = shifted.shape[0]
     # bucket = floor(d * bins / width) + row * (bins + 1): one flat index for the block
     # (the row offsets are exact in float32, and floor stays monotone in d)
-    scaled = torch.sub(shifted, centre, out=scratch.like("scaled", logits)).abs_()
+    scaled = torch.sub(shifted, centre, out=scratch.like("scaled", shifted)).abs_()
     offsets = torch.arange(rows_, dtype=torch.int32).unsqueeze(1) * (bins + 1)
     scaled.mul_(bins / width).add_(offsets)
-    bucket = scratch.like("bucket", logits, torch.int32).copy_(scaled)  # floor: >= 0
-    index = scratch.like("index", logits, torch.int64).copy_(bucket)  # scatter's index type
+    bucket = scratch.like("bucket", shifted, torch.int32).copy_(scaled)  # floor: >= 0
+    index = scratch.like("index", shifted, torch.int64).copy_(bucket)  # scatter's index type
     hist = weight.new_zeros(rows_ * (bins + 1))
     hist.scatter_add_(0, index.view(-1), weight.view(-1))  # 1-D: 2x the 2-D scatter here
     cumulative = hist.view(rows_, bins + 1).double().cumsum_(-1)
     crossing = (cumulative <= target).sum(-1, keepdim=True).clamp_(max=bins)
     below = (cumulative.gather(1, (crossing - 1).clamp_(min=0)) * (crossing > 0)).squeeze(1)
-    # The crossing bucket's few tokens, all rows at once: sorted by row, then by d; each
-    # row's running mass from ``below``; the first token where it passes the target.
-    in_bucket = scratch.like("in_bucket", logits, torch.bool)
+    return bucket, offsets, crossing, below
+
+
+def _crossing_bucket_members(
+    shifted: torch.Tensor,
+    weight: torch.Tensor,
+    centre: torch.Tensor,
+    bucket: torch.Tensor,
+    offsets: torch.Tensor,
+    crossing: torch.Tensor,
+    scratch: Scratch,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The crossing bucket's few tokens, all rows at once, sorted by row, then by ``d``:
+    their row, ``d`` (recomputed only for them) and weight (float64)."""
+    in_bucket = scratch.like("in_bucket", shifted, torch.bool)
     np.equal(bucket.numpy(), (crossing + offsets).int().numpy(), out=in_bucket.numpy())
     flat = torch.from_numpy(np.flatnonzero(in_bucket.numpy()))
-    rows = flat // width_
+    rows = flat // shifted.shape[1]
     d = (shifted.view(-1)[flat] - centre.squeeze(1)[rows]).abs_()  # as ``scaled`` had it
     order = d.argsort(stable=True)
     order = order[rows[order].argsort(stable=True)]
     rows, d = rows[order], d[order]
     w = weight.view(-1)[flat[order]].double()
+    return rows, d, w
+
+
+def _crossing_radius(
+    rows: torch.Tensor,
+    d: torch.Tensor,
+    w: torch.Tensor,
+    below: torch.Tensor,
+    target: torch.Tensor,
+    width: torch.Tensor,
+    bins: int,
+) -> torch.Tensor:
+    """Each row's kept radius (float64): the ``d`` of its first crossing-bucket member where
+    the running mass (from ``below``) passes the target."""
+    rows_ = below.shape[0]
     counts = torch.bincount(rows, minlength=rows_)
     starts = counts.cumsum(0) - counts
     before = torch.cat([w.new_zeros(1), w.cumsum(0)])  # mass of the members before each
@@ -366,7 +427,7 @@ def typical_bounds_on_host(
     if d.numel():
         found = d.double()[first.clamp_(max=d.numel() - 1)]
         radius = torch.where(counts > 0, found, radius)
-    return _typical_interval(top, centre, radius, mass)
+    return radius
 
 
 def typical_bounds_native(
