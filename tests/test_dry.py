@@ -14,6 +14,7 @@ from vllm import SamplingParams
 from constrained import Options
 from constrained.options import OptionError
 from constrained.processors.dry import DryProcessor
+from constrained.processors.functional import PENALTY_LIMIT_LOGIT
 from tests.simulate import Request, V1Batch, fake_vllm_config
 
 VOCAB = 19  # small, so random sequences repeat
@@ -35,7 +36,8 @@ def dry_reference(
     breakers: set[int],
     context_size: int = MAX_MODEL_LEN,
 ) -> torch.Tensor:
-    """``llama_sampler_dry_apply`` (llama.cpp src/llama-sampling.cpp), single-token breakers."""
+    """``llama_sampler_dry_apply`` (llama.cpp src/llama-sampling.cpp), single-token breakers,
+    each result kept at ``-PENALTY_LIMIT_LOGIT`` or above (ours: a penalty is a finite push)."""
     out = logits.clone()
     mult32, base32 = np.float32(multiplier), np.float32(base)
     if mult32 == 0 or base32 < 1 or last_n == 0:
@@ -93,7 +95,10 @@ def dry_reference(
         if max_exponent > 0 and exponent > max_exponent:
             exponent = max_exponent
         penalty = np.float32(float(mult32) * float(base32) ** exponent)
-        out[token] = torch.tensor(np.float32(out[token].item()) - penalty)
+        before = np.float32(out[token].item())
+        with np.errstate(over="ignore"):
+            after = max(before - penalty, min(before, np.float32(-PENALTY_LIMIT_LOGIT)))
+        out[token] = torch.tensor(after)
     return out
 
 
@@ -113,7 +118,8 @@ def breaker_ids(breakers: list[str] | None) -> set[int]:
 def random_params(rng: random.Random) -> SamplingParams:
     extra: dict = {}
     if rng.random() < 0.8:
-        extra["dry_multiplier"] = rng.choice([0.0, 0.8, 1.5, 3.0])
+        # 1e38: penalties past float32's range, held at the limit
+        extra["dry_multiplier"] = rng.choice([0.0, 0.8, 1.5, 3.0, 1e38])
         if rng.random() < 0.7:
             extra["dry_base"] = rng.choice([1.0, 1.000001, 1.1, 1.75, 3.0])
         if rng.random() < 0.7:

@@ -157,3 +157,62 @@ def test_dry_breaks_the_greedy_loop(llm):
     # A greedy token never extends a repeat longer than allowed when the penalty is huge.
     huge = generate(llm, {**extra, "dry_multiplier": 100.0}, temperature=0.0, max_tokens=40)
     assert max(map(longest_repeat, huge)) <= 3
+
+
+# A list of objects: its keys and punctuation must repeat, whatever the bans say.
+LIST_OF_OBJECTS = {
+    "type": "array",
+    "minItems": 3,
+    "maxItems": 6,
+    "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "kind": {"enum": ["a", "b"]}},
+        "required": ["name", "kind"],
+        "additionalProperties": False,
+    },
+}
+STRUCTURE = ['{"', '"', '":', '","', '"},{"', ",", "{", "}", "]", "[", '"}', '"},']
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"no_repeat_ngram_size": 2},
+        {"no_repeat_ngram_size": 3},
+        # penalties past float32's range (a finite push: held at the limit, not -inf)
+        {"dry_multiplier": 1e38, "dry_allowed_length": 1, "dry_sequence_breakers": []},
+        {"repetition_penalty": 1e38},
+        {"logit_bias": "structure"},
+    ],
+    ids=["ngram2", "ngram3", "dry_huge", "repetition_huge", "bias_against_structure"],
+)
+def test_no_ban_or_penalty_empties_a_grammar_row(llm, extra):
+    """The grammar wins: bans run after its mask and never remove the last token it allows,
+    and penalties before it are finite pushes, so the row keeps a token to sample even when
+    every allowed token is banned or penalized (a row with no finite logit would sample
+    token 0, "!", which the grammar refuses). Every output stops complete and valid, at
+    temperatures 1, 0.5 and greedy; the lists repeat their structure bigrams."""
+    import jsonschema
+
+    if extra.get("logit_bias") == "structure":
+        tokenizer = llm.get_tokenizer()
+        extra = {"logit_bias": {tokenizer.encode(s)[0]: -100 for s in STRUCTURE}}
+    params = [
+        SamplingParams(
+            temperature=temperature,
+            seed=i,
+            max_tokens=160,
+            extra_args={"json_schema": LIST_OF_OBJECTS, **extra},
+        )
+        for i, temperature in enumerate([1.0, 0.5, 0.0, 1.0])
+    ]
+    outs = llm.generate(["List some items as JSON."] * 4, params, use_tqdm=False)
+    repeated_bigrams = 0
+    for out in outs:
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", (extra, completion.text)
+        jsonschema.validate(json.loads(completion.text), LIST_OF_OBJECTS)
+        ids = list(completion.token_ids)
+        bigrams = list(itertools.pairwise(ids))
+        repeated_bigrams += len(bigrams) - len(set(bigrams))
+    assert repeated_bigrams > 0  # the grammar's repeats were kept, bans notwithstanding

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from constrained.processors.functional import PENALTY_LIMIT_LOGIT
+
 # llama.cpp: log(FLT_MAX), the largest exponent base ** e may reach before float overflow.
 FLOAT_MAX_LOG = 88.7228391
 
@@ -94,8 +96,10 @@ def dry_penalize(
     The token ``t = history[r, w + 1]`` would extend the repeat of ``n = lengths[r, w]``
     tokens; each ``t`` takes its largest ``n``, and if ``n >= allowed``,
     ``l[t] -= multiplier * base ** min(n - allowed, exponent_cap)`` (``exponent_cap`` 0: no
-    clamp), the penalty computed in float64 and applied in float32, as llama.cpp does. Tokens
-    that are single-token breakers are never penalized.
+    clamp), the penalty computed in float64 and applied in float32, as llama.cpp does, down to
+    ``-PENALTY_LIMIT_LOGIT`` at most (a finite push: llama.cpp's clamp still lets the penalty
+    reach ``FLT_MAX``, which a temperature below 1 turns into ``-inf``). Tokens that are
+    single-token breakers are never penalized.
 
     Args:
         logits: [rows, vocab] float32.
@@ -116,6 +120,7 @@ def dry_penalize(
     index = torch.arange(rows, device=logits.device).unsqueeze(1) * vocab + following.clamp(min=0)
     current = flat[index]
     # Duplicate targets take the smallest result: the largest penalty (it grows with n).
-    src = torch.where(hit, current - penalty, torch.inf)
+    floor = current.clamp(max=-PENALTY_LIMIT_LOGIT)  # a logit already below stays there
+    src = torch.where(hit, torch.maximum(current - penalty, floor), torch.inf)
     flat.scatter_reduce_(0, index.flatten(), src.flatten(), reduce="amin")
     return logits

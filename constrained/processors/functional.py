@@ -13,6 +13,11 @@ import torch
 # Padding for unused bias slots: x + (-0.0) == x for every float x, -0.0 and inf included,
 # so padded entries leave logits bit-for-bit unchanged.
 NEUTRAL_BIAS = -0.0
+# A penalty is a finite push: it moves a logit no further than +-PENALTY_LIMIT_LOGIT (a logit
+# already past it stays where it is). Far beyond any logit a model gives, and far enough
+# inside float32 that dividing by the smallest temperature vLLM samples with (1e-5) stays
+# finite: no penalty can leave a row, or the tokens a grammar allows, with no finite logit.
+PENALTY_LIMIT_LOGIT = 1e30
 
 
 def apply_logit_bias(
@@ -68,7 +73,9 @@ def apply_penalties(
     For a token counted ``o`` times in the output and ``q`` times in the prompt:
     ``l *= (1 / r if l > 0 else r) if o + q > 0``, then ``l -= f * o``, then
     ``l -= p * (o > 0)``. The same ops in the same order as vLLM's ``apply_penalties``, so the
-    results are bit-identical. Tokens with no counts are unchanged bit for bit.
+    results are bit-identical. Tokens with no counts are unchanged bit for bit. A result is
+    kept within ``+-PENALTY_LIMIT_LOGIT`` (a repetition penalty of ``1e38`` would reach
+    ``-inf``, where vLLM's float32 arithmetic leaves the row no finite logit).
 
     Works dense (``logits`` [rows, vocab], counts per vocab entry) or sparse (``logits`` the
     gathered values of the tokens a row has seen, counts aligned with them).
@@ -86,11 +93,12 @@ def apply_penalties(
         tensor([[ 0.2500, -4.0000,  1.0000]])
     """
     seen = (output_counts + prompt_counts) > 0
+    low, high = logits.clamp(max=-PENALTY_LIMIT_LOGIT), logits.clamp(min=PENALTY_LIMIT_LOGIT)
     penalties = torch.where(seen, repetition.unsqueeze(1), 1.0)
     logits *= torch.where(logits > 0, 1.0 / penalties, penalties)
     logits -= frequency.unsqueeze(1) * output_counts
     logits -= presence.unsqueeze(1) * (output_counts > 0)
-    return logits
+    return torch.clamp(logits, low, high, out=logits)
 
 
 def apply_sparse_penalties(

@@ -11,7 +11,7 @@ For logits row ``r`` of slot ``s`` with ``k = local_pos[r]`` (the drafts before 
     packed  = counts[s, t] + #{drafts == t} - (with a window: the tokens those drafts push out)
     output  = packed & output_bits(unit[s]);  prompt = packed - output
     seen    = output > 0 or prompt != 0
-    l       = l * (1 / r if l > 0 else r) if seen     (repetition r)
+    l       = l * (1 / r if l > 0 else r) if seen     (repetition r, kept within +-1e30)
     l       = l - f * output - p * (output > 0)        (frequency f, presence p)
 
 A draft id < 0 (vLLM's placeholder for a step that starts inside the prefill) matches no token
@@ -24,6 +24,8 @@ import torch
 from vllm.triton_utils import tl, triton
 
 BLOCK_SIZE = 8192
+# ``functional.PENALTY_LIMIT_LOGIT``: a repetition penalty moves a logit no further.
+LIMIT = tl.constexpr(1e30)
 
 
 # ---- the fused elementwise step (bias, penalties, min-p) -------------------------------------
@@ -177,7 +179,10 @@ def _penalties_max_kernel(
         seen = output_seen | ((packed - output) != 0)
         if rep != 1.0:  # a branch, as vLLM's: see below
             scale = tl.where(seen, rep, 1.0)
+            low = tl.minimum(logits, -LIMIT)
+            high = tl.maximum(logits, LIMIT)
             logits *= tl.where(logits > 0, 1.0 / scale, scale)
+            logits = tl.minimum(tl.maximum(logits, low), high)
         # The branch keeps the product rounded on its own, as in vLLM's kernel: unbranched,
         # the compiler contracted it with the frequency term into one FMA on CUDA and our row
         # differed from vLLM's by 1 ulp (seen on an H200; the interpreter has no FMA).

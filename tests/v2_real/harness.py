@@ -893,14 +893,16 @@ def tensor_bytes(objects: Iterable[Any]) -> int:
                 seen_storage.add(storage.data_ptr())
                 total += storage.nbytes()
             return
+        # Snapshots (``list(...)``): a background thread (the vocabulary's warm-up) may add
+        # entries meanwhile, which a live iteration fails on under load.
         if isinstance(obj, dict):
-            for value in obj.values():
+            for value in list(obj.values()):
                 walk(value, depth + 1)
         elif isinstance(obj, (list, tuple)):
-            for value in obj:
+            for value in list(obj):
                 walk(value, depth + 1)
         elif type(obj).__module__.startswith("constrained") and hasattr(obj, "__dict__"):
-            for value in vars(obj).values():
+            for value in list(vars(obj).values()):
                 walk(value, depth + 1)
 
     for obj in objects:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from vllm import SamplingParams
 
+from constrained.processors.functional import PENALTY_LIMIT_LOGIT
 from tests.v2_real.harness import Plan, Req, V2Runner, sample_step, tensor_bytes
 
 SCENARIOS: dict[str, Callable[[], dict]] = {}
@@ -47,7 +48,8 @@ def penalised(
     extra: dict,
 ) -> torch.Tensor:
     """Bias, then penalties over the tokens ``penalty_scope`` / ``penalty_last_n`` count, in
-    the float32 operations of vLLM's V2 ``_penalties_kernel`` (``l *= 1/r`` for ``l > 0``)."""
+    the float32 operations of vLLM's V2 ``_penalties_kernel`` (``l *= 1/r`` for ``l > 0``),
+    the repetition's product kept within ``+-PENALTY_LIMIT_LOGIT``."""
     vocab = logits.shape[0]
     out = logits.clone()
     for token, bias in (extra.get("logit_bias") or {}).items():
@@ -73,7 +75,9 @@ def penalised(
     seen = (counts > 0) | prompt_seen
     one = torch.tensor(1.0, dtype=torch.float32)
     scale = torch.where(seen, rep, one)
+    low, high = out.clamp(max=-PENALTY_LIMIT_LOGIT), out.clamp(min=PENALTY_LIMIT_LOGIT)
     out = out * torch.where(out > 0, one / scale, scale)
+    out = torch.minimum(torch.maximum(out, low), high)
     out = out - freq * counts.to(torch.float32)
     return out - pres * (counts > 0).to(torch.float32)
 
@@ -252,7 +256,8 @@ def builtin_params(extra: dict, temperature: float) -> SamplingParams:
 
 def solo_options(rng: random.Random, vocab: int) -> dict:
     extra = {
-        "repetition_penalty": rng.choice([0.7, 1.3, 2.0]),
+        # 1e38 / 1e-38: products past float32's range, held at the limit
+        "repetition_penalty": rng.choice([0.7, 1.3, 2.0, 1e38, 1e-38]),
         "frequency_penalty": rng.choice([0.0, -1.5, 0.5, 2.0]),
         "presence_penalty": rng.choice([0.0, -0.5, 1.0]),
         "penalty_last_n": rng.choice([0, 1, 2, 3, 8]),
