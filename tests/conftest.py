@@ -59,6 +59,15 @@ def server(served) -> str:
     return served.base
 
 
+@pytest.fixture(scope="session")
+def parallel_reference(tiny_model_dir: str, tmp_path_factory) -> dict:
+    """``tests/parallel_run.py``'s batch (with its reasoning-gate requests) on one worker,
+    eager: what every parallel layout must reproduce (``test_parallel.py``, ``test_ray.py``)."""
+    from tests.test_parallel import BATCH, run_layout
+
+    return run_layout(tiny_model_dir, tmp_path_factory.mktemp("single"), BATCH)
+
+
 # A thinking model with tools, as vLLM serves Qwen3.5/3.6.
 QWEN36_PARSERS = ("--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
                   "--reasoning-parser", "qwen3")  # fmt: skip

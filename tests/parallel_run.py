@@ -58,15 +58,23 @@ OPTION_KINDS: list[tuple[str, dict[str, Any] | None]] = [
     ("xtc_sigma", {"xtc_probability": 0.5, "xtc_threshold": 0.0001, "top_n_sigma": 2.0}),
     ("plain", None),
 ]  # fmt: skip
+# With ``--reasoning``: think first (the marker forced after 8 tokens), then the JSON schema.
+REASONING_KIND = ("reasoning_json", {"json_schema": SCHEMA, "reasoning_end": "</think>",
+                                     "max_reasoning_tokens": 8})  # fmt: skip
+# A bad option the engine must refuse, naming it (``--ray`` runs check it).
+BAD_OPTION = {"dry_multiplier": -1.0}
 
 
-def requests(prompt_words: int, max_tokens: int, copies: int = 1) -> list[dict[str, Any]]:
+def requests(
+    prompt_words: int, max_tokens: int, copies: int = 1, reasoning: bool = False
+) -> list[dict[str, Any]]:
     """Two requests per kind (one seeded at temperature 1, one greedy), ``copies`` times
     (other seeds and prompts), with long prompts so a small KV cache forces preemption once
     requests grow past their first block."""
     out = []
+    kinds = [*OPTION_KINDS, REASONING_KIND] if reasoning else OPTION_KINDS
     for copy in range(copies):
-        for i, (kind, options) in enumerate(OPTION_KINDS):
+        for i, (kind, options) in enumerate(kinds):
             for greedy in (False, True):
                 words = " ".join(f"w{(i * 7 + j + copy) % 50}" for j in range(prompt_words))
                 params: dict[str, Any] = dict(max_tokens=max_tokens, ignore_eos=options is None)
@@ -129,6 +137,7 @@ class StepDigest(LogitsProcessor):
 
         self.out = pathlib.Path(os.environ["PARALLEL_DIGEST_DIR"]) / f"digests-{os.getpid()}.jsonl"
         self.worker = placement_of(vllm_config).tag or "single"
+        self.node = _ray_node()
         self.step = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -147,11 +156,21 @@ class StepDigest(LogitsProcessor):
         if os.environ.get("PARALLEL_DIGEST_HASH", "1") == "1":  # benchmarks time, not hash
             sha = hashlib.blake2b(logits.cpu().numpy().tobytes(), digest_size=16).hexdigest()
         line = {"worker": self.worker, "stage": self.STAGE, "step": self.step, "sha": sha,
-                "ms": ms, "rows": int(logits.shape[0]), "run": _current_run()}  # fmt: skip
+                "ms": ms, "rows": int(logits.shape[0]), "run": _current_run(),
+                "node": self.node}  # fmt: skip
         with open(self.out, "a") as f:
             f.write(json.dumps(line) + "\n")
         self.step += 1
         return logits
+
+
+def _ray_node() -> str | None:
+    """The Ray node this worker runs on (``None`` outside Ray)."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 class SampledDigest(StepDigest):
@@ -190,7 +209,12 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
     )
     if args.compiled:
         kwargs["enforce_eager"] = False
-    llm = LLM(model=args.model, logits_processors=all_processors(), **kwargs)
+    # Under Ray, ours come from the package's entry points, as a user's engine loads them
+    # (vLLM applies entry-point processors before these test-only digests).
+    processors = TAIL_PROCESSORS if args.ray else all_processors()
+    if args.ray:
+        kwargs["distributed_executor_backend"] = "ray"
+    llm = LLM(model=args.model, logits_processors=processors, **kwargs)
     result: dict[str, Any] = {}
     if args.warmup:  # compile the constraints and warm the kernels before anything is timed
         _start_run("warmup")
@@ -215,8 +239,20 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
     result["preemptions"] = sum(
         int(getattr(m, "value", 0)) for m in llm.get_metrics() if m.name == "vllm:num_preemptions"
     )
+    if args.ray:
+        result["refusal"] = refusal(llm, SamplingParams)
     llm.llm_engine.engine_core.shutdown()
     return result
+
+
+def refusal(llm: Any, sampling_params: Any) -> str:
+    """The error a request with ``BAD_OPTION`` gets (the engine keeps running)."""
+    try:
+        llm.generate(["bad"], sampling_params(max_tokens=4, extra_args=BAD_OPTION),
+                     use_tqdm=False)  # fmt: skip
+    except Exception as err:  # vLLM's VLLMValidationError, as the user gets it
+        return f"{type(err).__name__}: {err}"
+    return "accepted"
 
 
 def run_data_parallel(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,6 +272,8 @@ def run_data_parallel(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> d
                "--out", str(out), "--shard", f"{rank}/{args.dp}"]  # fmt: skip
         if args.compiled:
             cmd.append("--compiled")
+        if args.reasoning:
+            cmd.append("--reasoning")
         procs.append(subprocess.Popen(cmd, env=env))
         outs.append(out)
     codes = [p.wait() for p in procs]
@@ -338,9 +376,11 @@ def worker_records(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[str, Any
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             stages = digests.setdefault(rec["worker"], {})
-            stage = stages.setdefault(rec["stage"], {"sha": [], "ms": [], "rows": [], "run": []})
-            for key in ("sha", "ms", "rows", "run"):
-                stage[key].append(rec[key])
+            stage = stages.setdefault(
+                rec["stage"], {"sha": [], "ms": [], "rows": [], "run": [], "node": []}
+            )
+            for key in ("sha", "ms", "rows", "run", "node"):
+                stage[key].append(rec.get(key))
     stats = {}
     for path in sorted(workdir.glob("engine_stats*.json")):
         snap = json.loads(path.read_text())
@@ -370,13 +410,18 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=1, help="the batch this many times")
     parser.add_argument("--warmup", action="store_true",
                         help="first run the batch with options for 8 tokens, untimed")  # fmt: skip
+    parser.add_argument("--ray", action="store_true",
+                        help="vLLM's Ray executor (RAY_ADDRESS: a running cluster); ours "
+                        "from the entry points; also try BAD_OPTION")  # fmt: skip
+    parser.add_argument("--reasoning", action="store_true",
+                        help="add a reasoning-gate kind (REASONING_KIND) to the batch")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     workdir = pathlib.Path(args.out).parent
     os.environ.setdefault("PARALLEL_DIGEST_DIR", str(workdir))
     os.environ.setdefault("CONSTRAINED_STATS_PATH", str(workdir / "engine_stats.json"))
     os.environ.setdefault("CONSTRAINED_STATS_INTERVAL_S", "0")
-    reqs = requests(args.prompt_words, args.max_tokens, args.copies)
+    reqs = requests(args.prompt_words, args.max_tokens, args.copies, args.reasoning)
     if args.serve_dp:
         result = run_served(args, reqs)
     elif args.dp > 1:

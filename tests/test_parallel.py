@@ -30,11 +30,13 @@ from tests.parallel_run import REGEX, SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Every layout runs the batch with its reasoning-gate requests too (``--reasoning``).
+BATCH = ["--reasoning"]
 LAYOUTS = {
-    "tensor_parallel_2": ["--tp", "2"],
-    "pipeline_parallel_2": ["--pp", "2", "--compiled"],
-    "served_data_parallel_2": ["--serve-dp", "2"],
-    "offline_data_parallel_2": ["--dp", "2"],
+    "tensor_parallel_2": ["--tp", "2", *BATCH],
+    "pipeline_parallel_2": ["--pp", "2", "--compiled", *BATCH],
+    "served_data_parallel_2": ["--serve-dp", "2", *BATCH],
+    "offline_data_parallel_2": ["--dp", "2", *BATCH],
 }
 # vLLM's own refusals of a layout on this build, by the text it fails with.
 VLLM_REFUSES = {
@@ -52,10 +54,12 @@ def one_core_per_worker() -> str:
     return f"{cores[0]}|{cores[1]}"
 
 
-def run_layout(model: str, workdir: Path, args: list[str]) -> dict[str, Any]:
+def run_layout(
+    model: str, workdir: Path, args: list[str], extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "result.json"
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=one_core_per_worker())
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=one_core_per_worker(), **(extra_env or {}))
     for key in ("PARALLEL_DIGEST_DIR", "CONSTRAINED_STATS_PATH"):
         env.pop(key, None)  # the runner puts both in its work directory
     cmd = [sys.executable, "-m", "tests.parallel_run", model, *args, "--out", str(out)]
@@ -68,9 +72,10 @@ def run_layout(model: str, workdir: Path, args: list[str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model_dir: str, tmp_path_factory) -> dict[str, Any]:
-    """The reference: one worker, eager, the same batch and KV cache."""
-    return run_layout(tiny_model_dir, tmp_path_factory.mktemp("single"), [])
+def single(parallel_reference: dict[str, Any]) -> dict[str, Any]:
+    """The reference: one worker, eager, the same batch and KV cache (``conftest.py``: one
+    run per session, shared with ``tests/test_ray.py``)."""
+    return parallel_reference
 
 
 def differing(a: list[dict], b: list[dict], reqs: list[dict]) -> list[str]:
