@@ -24,6 +24,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
 | ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | typical-p / top-n-sigma Triton kernels: 1 on, 0 off |
+| ``CONSTRAINED_DRY_KERNEL`` | 1 | DRY's Triton kernels under Model Runner V2; 0: torch ops |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 | ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
 """
@@ -63,6 +64,10 @@ class Settings:
     # wherever Triton compiles (V2, V1 on CUDA), not under Triton's CPU interpreter, where
     # their histogram passes take about a second per 151,936-wide row; True / False force.
     truncation_kernels: bool | None = None
+    # DRY's Triton kernels under Model Runner V2 (processors/dry_kernel.py: two launches a
+    # step, cheap under the interpreter too: nothing vocabulary-sized); False: the torch ops
+    # of dry_math (~200 launches a step). V1 always runs dry_math.
+    dry_kernel: bool = True
     # C kernels compiled at first use for host hot paths (processors/host_kernels.py; typical-p
     # under V1 on CPU); False: their torch / NumPy paths.
     host_kernels: bool = True
@@ -109,6 +114,7 @@ def _from_environment() -> Settings:
         unknown_extra_args=_choice("CONSTRAINED_UNKNOWN_EXTRA_ARGS", ("auto", "pass", "refuse")),
         entry_points=_switch("CONSTRAINED_ENTRY_POINTS", defaults.entry_points),
         truncation_kernels=_switch("CONSTRAINED_TRUNCATION_KERNELS", None),
+        dry_kernel=_switch("CONSTRAINED_DRY_KERNEL", defaults.dry_kernel),
         host_kernels=_switch("CONSTRAINED_HOST_KERNELS", defaults.host_kernels),
         host_threads=_number("CONSTRAINED_HOST_THREADS", int, defaults.host_threads),
     )

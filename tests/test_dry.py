@@ -220,3 +220,39 @@ def test_bad_values_are_refused_naming_the_field(extra: dict, field: str) -> Non
     with pytest.raises(OptionError) as err:
         Options.from_extra_args(extra)
     assert err.value.field == field
+
+
+def test_v2_kernels_match_the_torch_form_bit_for_bit() -> None:
+    """DRY's V2 Triton kernels (``dry_kernel.py``), run in Triton's interpreter in a fresh
+    process over generated steps (``tests/v2_real/dry_kernel_cases.py``: random repetitive
+    histories, breaker lists or none, windows, allowed lengths, bases with and without the
+    exponent clamp, caps, slots without DRY, draft rows and ``-1`` placeholder drafts, rows
+    split over several programs), give the logits the torch form (``device_history`` +
+    ``repeat_lengths`` + ``dry_penalize``) gives, bit for bit; and ``multiplier * base ** e``
+    equals torch's float64 ``pow`` on every value tried."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.dry_kernel_cases", "120"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("DRYKERNEL "))
+    stats = json.loads(line[len("DRYKERNEL ") :])
+    assert stats["mismatches"] == [], stats["mismatches"][:1]
+    assert stats["pow_mismatch_count"] == 0, stats["pow_mismatches"]
+    # the cases reach what they are for
+    assert stats["cases"] == 120
+    assert stats["rows_penalized"] >= 100, stats
+    assert stats["draft_rows_penalized"] >= 30, stats
+    assert stats["placeholder_rows"] >= 20, stats
+    assert stats["multi_chunk_cases"] >= 20, stats
+    assert stats["inactive_rows"] >= 40, stats
+    assert stats["no_breaker_cases"] >= 20, stats
+    assert stats["pow_finite"] >= 19000, stats

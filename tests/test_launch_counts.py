@@ -26,8 +26,8 @@ BUDGET: dict[str, int] = {
     "penalties_window": 2,
     "min_p": 2,  # block maxima + mask
     "pen_bias_minp": 3,  # prep + penalties with block maxima + mask
-    "pen_bias_minp_dry": 4 + 203,  # DRY between: min-p runs on its own (2 launches)
-    "dry": 203,
+    "pen_bias_minp_dry": 4 + 2,  # DRY between: min-p runs on its own (2 launches)
+    "dry": 2,  # repeat lengths and candidates, then their atomic min (dry_kernel.py)
     "no_repeat_ngram": 71,
     "top_n_sigma": 5,  # 3 Triton launches for the bound (truncation_kernels.py), 1 mask
     "typical_p": 11,  # 9 Triton launches for the bounds (truncation_kernels.py), 1 mask
@@ -67,6 +67,7 @@ def test_launches_and_syncs_per_step(tmp_path: Path) -> None:
 OUR_KERNELS = {
     "_prep_kernel", "_penalties_max_kernel", "_min_p_mask_kernel", "_typical_pass_kernel",
     "_top_n_sigma_pass_kernel", "_mask_outside_kernel",
+    "_dry_repeats_kernel", "_dry_min_kernel",
 }  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """DRY, "don't repeat yourself" (llama.cpp's ``dry_*`` options): penalize extending a repeat.
 
 The math is ``dry_math``; each row's recent tokens (prompt and output) come from ``history``
-(host lists under Model Runner V1, device tables under V2, chosen once at build). Sequence
+(host lists under Model Runner V1, device tables under V2, chosen once at build). Under V2 the
+same math runs as two Triton launches per step (``dry_kernel``, reading the device tables
+itself; ``CONSTRAINED_DRY_KERNEL=0``: the torch ops). Sequence
 breakers become, per distinct breaker list, a ``[vocab]`` mask of the tokens whose text
 contains one of them (``BreakerMasks``), built once from the served tokenizer.
 """
@@ -15,10 +17,12 @@ import torch
 
 from constrained.options import DRY_DEFAULT_BREAKERS, Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.dry_kernel import dry_penalize_kernel
 from constrained.processors.dry_math import dry_penalize, max_exponent, repeat_lengths
 from constrained.processors.history import row_history
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
+from constrained.settings import settings
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -56,6 +60,8 @@ class DryProcessor(DualInterfaceProcessor):
             self.logits_width, self.layout.device, _token_bytes(vllm_config)
         )
         self.history = row_history(self.slots, self.layout, "dry_window", output_only=False)
+        # Decided once: under V2 the Triton kernels read the token tables themselves.
+        self.on_triton = self.layout.pick(False, settings().dry_kernel)
 
     def columns(self) -> dict[str, Column]:
         return {
@@ -101,6 +107,15 @@ class DryProcessor(DualInterfaceProcessor):
         return True
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        if self.on_triton:
+            return dry_penalize_kernel(
+                logits,
+                rows.ctx,
+                self.layout.req_states.all_token_ids.gpu,
+                self.slots.device_tables,
+                self.breakers.table,
+                self.history.width(rows),
+            )
         history = self.history(rows)
         if history.shape[1] < 2:
             return logits

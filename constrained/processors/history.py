@@ -115,17 +115,23 @@ class DeviceRowHistory:
         self.slots, self.states = slots, layout.req_states
         self.window_column, self.output_only = window_column, output_only
 
-    def __call__(self, rows: Any) -> torch.Tensor:
-        ctx, states = rows.ctx, self.states
-        slots_np = ctx.idx_mapping_np
+    def width(self, rows: Any) -> int:
+        """A host bound on any of this call's rows' history width (``device_width``)."""
+        slots_np = rows.ctx.idx_mapping_np
         if self.output_only:
-            first_np = states.prompt_len.np[slots_np]
-            first = states.prompt_len.gpu[rows.slots].long()
+            first_np = self.states.prompt_len.np[slots_np]
         else:
             first_np = np.zeros(len(slots_np), dtype=np.int64)
-            first = torch.zeros(rows.count, dtype=torch.long, device=rows.slots.device)
         windows = self.slots.host_values[self.window_column][slots_np]
-        width = device_width(ctx, first_np, windows, self.slots.active[slots_np])
+        return device_width(rows.ctx, first_np, windows, self.slots.active[slots_np])
+
+    def __call__(self, rows: Any) -> torch.Tensor:
+        ctx, states = rows.ctx, self.states
+        if self.output_only:
+            first = states.prompt_len.gpu[rows.slots].long()
+        else:
+            first = torch.zeros(rows.count, dtype=torch.long, device=rows.slots.device)
+        width = self.width(rows)
         span = self.slots.gather(self.window_column, rows)
         return device_history(ctx, states.all_token_ids.gpu, rows.slots, first, span, width)
 
