@@ -45,6 +45,7 @@ from vllm.triton_utils import tl, triton
 
 # Triton's interpreter (the CPU V2 tests) runs each block op in numpy: wide blocks, few programs.
 BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 512
+LIMIT = tl.constexpr(1e30)  # functional.PENALTY_LIMIT_LOGIT
 
 
 @triton.jit
@@ -180,7 +181,9 @@ def _dry_repeats_kernel(
     target = tl.where(hit, following, 0)
     current = tl.load(logits_ptr + row * logits_stride + target, mask=hit, other=0.0)
     ok = e < width
-    tl.store(candidate_ptr + row * width + e, current - penalty, mask=ok)
+    # A finite push (``functional.PENALTY_LIMIT_LOGIT``): down to -1e30 at most.
+    floor = tl.minimum(current, -LIMIT)
+    tl.store(candidate_ptr + row * width + e, tl.maximum(current - penalty, floor), mask=ok)
     tl.store(target_ptr + row * width + e, tl.where(hit, following, -1).to(tl.int32), mask=ok)
 
 

@@ -57,7 +57,7 @@ def make_case(rng: random.Random) -> dict:
             cap_len = rng.choice([max_len, 4, 8])
             exponent_cap = max_exponent(base)
             cap = allowed + exponent_cap if exponent_cap else cap_len
-            cols["dry_multiplier"][slot] = rng.choice([0.8, 2.0, 1e-3, 3e37])
+            cols["dry_multiplier"][slot] = rng.choice([0.8, 2.0, 1e-3, 3e37, 1e38])  # 1e38: held
             cols["dry_base"][slot] = base
             cols["dry_allowed"][slot] = allowed
             cols["dry_window"][slot] = rng.choice([0, 0, 1, 3, 8, 40])
