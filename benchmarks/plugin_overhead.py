@@ -6,7 +6,9 @@ points active (the default) or turned off (``CONSTRAINED_ENTRY_POINTS=0``), and 
 request, ``ignore_eos``) after a warm-up call. Rounds alternate. Besides throughput, each
 round records the CPU seconds the engine's processes (the children of the ``LLM`` process:
 engine core and worker) spent in the timed call, which moves less than wall time when other
-work shares the machine. Writes ``plugin_overhead.json`` under ``--out``.
+work shares the machine, and the engine's start-up (``LLM(model)`` until it returns: #55's
+"installed but unused adds at most 10 %"). Writes ``plugin_overhead.json`` and ``.png`` (each
+round's start-up and throughput) under ``--out``.
 
     python -m benchmarks.plugin_overhead --rounds 3       # batch 64 x 64 tokens
 """
@@ -39,7 +41,10 @@ def engine_cpu_s():
     return total
 if __name__ == "__main__":
     batch, tokens = int(sys.argv[1]), int(sys.argv[2])
-    llm = LLM(model=str(build_tiny_model()), **engine_kwargs())
+    model = str(build_tiny_model())
+    start = time.perf_counter()
+    llm = LLM(model=model, **engine_kwargs())
+    startup = time.perf_counter() - start
     prompts = [f"Request {i}: once upon a time" for i in range(batch)]
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=tokens, ignore_eos=True)
               for i in range(batch)]
@@ -47,8 +52,28 @@ if __name__ == "__main__":
     cpu, start = engine_cpu_s(), time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     wall, cpu = time.perf_counter() - start, engine_cpu_s() - cpu
-    print("RESULT", json.dumps({"tokens_per_s": batch * tokens / wall, "engine_cpu_s": cpu}))
+    print("RESULT", json.dumps({"tokens_per_s": batch * tokens / wall, "engine_cpu_s": cpu,
+                                "startup_s": startup}))
 """
+
+
+def plot(record: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key, label in ((axes[0], "startup_s", "start-up (s)"),
+                           (axes[1], "runs", "output tokens/s")):  # fmt: skip
+        for name, values in record[key].items():
+            ax.plot(range(1, len(values) + 1), values, "o-", label=name)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.legend()
+    axes[0].set_title(f"start-up: {record['startup_ratio']:.2f}x with our entry points")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
     runs: dict[str, list[float]] = {"entry_points": [], "off": []}
     cpu: dict[str, list[float]] = {"entry_points": [], "off": []}
+    startup: dict[str, list[float]] = {"entry_points": [], "off": []}
     for _ in range(args.rounds):
         for name, flag in (("entry_points", "1"), ("off", "0")):
             out = subprocess.run(
@@ -74,7 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             result = json.loads(line[len("RESULT ") :])
             runs[name].append(result["tokens_per_s"])
             cpu[name].append(result["engine_cpu_s"])
-            print(name, round(runs[name][-1], 1), "tok/s", round(cpu[name][-1], 2), "s CPU")
+            startup[name].append(result["startup_s"])
+            print(
+                name,
+                round(runs[name][-1], 1),
+                "tok/s",
+                round(cpu[name][-1], 2),
+                "s CPU",
+                round(startup[name][-1], 1),
+                "s start-up",
+            )
     record = {
         "command": "python -m benchmarks.plugin_overhead " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
@@ -82,11 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         "median_tokens_per_s": {k: median(v) for k, v in runs.items()},
         "engine_cpu_s": cpu,
         "median_engine_cpu_s": {k: median(v) for k, v in cpu.items()},
+        "startup_s": startup,
+        "median_startup_s": {k: median(v) for k, v in startup.items()},
     }
+    record["startup_ratio"] = (
+        record["median_startup_s"]["entry_points"] / record["median_startup_s"]["off"]
+    )
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plugin_overhead.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: record[k] for k in ("median_tokens_per_s", "median_engine_cpu_s")}))
+    plot(record, out_dir / "plugin_overhead.png")
+    keys = ("median_tokens_per_s", "median_engine_cpu_s", "median_startup_s", "startup_ratio")
+    print(json.dumps({k: record[k] for k in keys}))
     return 0
 
 

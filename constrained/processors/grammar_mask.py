@@ -58,21 +58,36 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
          "structural_tag", "reasoning_end", "max_reasoning_tokens"}
     )  # fmt: skip
 
+    # Built by the first constrained request (``_build``), not with the engine: loading the
+    # tokenizer and warming the backends' tables took 2 s on the engine's start-up path and
+    # slowed the rest of it by half again on two cores (#55: 13 s -> 27 s to start).
+    LAZY = frozenset({"vocab", "compiler", "writer", "fill", "thinking_stops"})
+
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
-        if not self.samples_here:
-            return  # a pipeline stage that never samples: no vocabulary, no compiler
-        self.vocab = load_vocab(tokenizer_path(vllm_config.model_config), self.logits_width)
-        self.vocab.warm_in_background()  # ready long before the first request, not in its way
-        self.compiler = compiler_for(self.vocab)
-        self.writer = MaskWriter(self.vocab, self.layout.device)
+        self.vllm_config = vllm_config
         self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for a missing attribute: once built, the parts are plain attributes.
+        if name in GrammarMaskProcessor.LAZY and self.samples_here:
+            self._build()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _build(self) -> None:
+        """The vocabulary, compiler, mask writer and fill (a pipeline stage that never samples
+        has none)."""
+        vocab = load_vocab(tokenizer_path(self.vllm_config.model_config), self.logits_width)
+        vocab.warm_in_background()  # the backends' tables, while this request's grammar loads
+        self.vocab, self.compiler = vocab, compiler_for(vocab)
+        self.writer = MaskWriter(vocab, self.layout.device)
         fill = self.layout.pick(V1MaskFill, V2MaskFill)
         self.fill = fill(self.writer, self.slots, self.layout)
         # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
         # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
-        implicit = thinking_ends(vllm_config, self.vocab.hf_tokenizer).implicit_ids
-        self.thinking_stops = frozenset({self.vocab.eos_token_id, *implicit})
+        implicit = thinking_ends(self.vllm_config, vocab.hf_tokenizer).implicit_ids
+        self.thinking_stops = frozenset({vocab.eos_token_id, *implicit})
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -113,9 +128,11 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
     def update_state(self, batch_update: Any) -> None:
         if not self.samples_here:
             return super().update_state(batch_update)
-        self.fill.before_update()
+        if "fill" in self.__dict__:  # (before the first constrained request: nothing to wait for)
+            self.fill.before_update()
         super().update_state(batch_update)
-        self.fill.after_update(batch_update)
+        if "fill" in self.__dict__:
+            self.fill.after_update(batch_update)
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
         masked = self.fill.rows_to_mask(rows, logits)
