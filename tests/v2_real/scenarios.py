@@ -254,10 +254,12 @@ def builtin_params(extra: dict, temperature: float) -> SamplingParams:
     )
 
 
-def solo_options(rng: random.Random, vocab: int) -> dict:
+def solo_options(rng: random.Random, vocab: int, extremes: bool = False) -> dict:
+    """``extremes``: repetition penalties of 1e38 / 1e-38 too (products past float32's range,
+    held at the limit); off keeps the random stream other scenarios' counts were set on."""
+    penalties = [0.7, 1.3, 2.0, 1e38, 1e-38] if extremes else [0.7, 1.3, 2.0]
     extra = {
-        # 1e38 / 1e-38: products past float32's range, held at the limit
-        "repetition_penalty": rng.choice([0.7, 1.3, 2.0, 1e38, 1e-38]),
+        "repetition_penalty": rng.choice(penalties),
         "frequency_penalty": rng.choice([0.0, -1.5, 0.5, 2.0]),
         "presence_penalty": rng.choice([0.0, -0.5, 1.0]),
         "penalty_last_n": rng.choice([0, 1, 2, 3, 8]),
@@ -359,7 +361,7 @@ def run_twins(
                 ]
                 group = ("twin", pair)
             elif roll < 0.85 and runner.num_admitted + 1 <= capacity:
-                extra = solo_options(rng, top)
+                extra = solo_options(rng, top, extremes=True)
                 params = SamplingParams(temperature=temperature, extra_args=extra)
                 group = ("solo", [new_req("solo", params, prompt, extra)])
             elif runner.num_admitted + 1 <= capacity:
