@@ -23,7 +23,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
-| ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | typical-p / top-n-sigma Triton kernels: 1 on, 0 off |
+| ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | the samplers' Triton kernels: 1 on, 0 off |
 | ``CONSTRAINED_DRY_KERNEL`` | 1 | DRY's Triton kernels under Model Runner V2; 0: torch ops |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 | ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
@@ -60,9 +60,10 @@ class Settings:
     entry_points: bool = True
     # The server's vLLM tool parser: which call styles it reads back as we write them.
     tool_call_parser: str | None = None
-    # The truncation samplers' Triton kernels (processors/truncation_kernels.py). None (auto):
-    # wherever Triton compiles (V2, V1 on CUDA), not under Triton's CPU interpreter, where
-    # their histogram passes take about a second per 151,936-wide row; True / False force.
+    # The samplers' Triton kernels (processors/truncation_kernels.py, ngram_kernel.py). None
+    # (auto): wherever Triton compiles (V2, V1 on CUDA; ngram_kernel V2 only), not under Triton's
+    # CPU interpreter, where typical-p's histogram passes take about a second per 151,936-wide
+    # row; True / False force (processors/runners.triton_kernels_on).
     truncation_kernels: bool | None = None
     # DRY's Triton kernels under Model Runner V2 (processors/dry_kernel.py: two launches a
     # step, cheap under the interpreter too: nothing vocabulary-sized); False: the torch ops

@@ -28,7 +28,7 @@ BUDGET: dict[str, int] = {
     "pen_bias_minp": 3,  # prep + penalties with block maxima + mask
     "pen_bias_minp_dry": 4 + 2,  # DRY between: min-p runs on its own (2 launches)
     "dry": 2,  # repeat lengths and candidates, then their atomic min (dry_kernel.py)
-    "no_repeat_ngram": 71,
+    "no_repeat_ngram": 1,  # one Triton program per row (ngram_kernel.py)
     "top_n_sigma": 5,  # 3 Triton launches for the bound (truncation_kernels.py), 1 mask
     "typical_p": 11,  # 9 Triton launches for the bounds (truncation_kernels.py), 1 mask
     "xtc": 41,
@@ -68,6 +68,7 @@ OUR_KERNELS = {
     "_prep_kernel", "_penalties_max_kernel", "_min_p_mask_kernel", "_typical_pass_kernel",
     "_top_n_sigma_pass_kernel", "_mask_outside_kernel",
     "_dry_repeats_kernel", "_dry_min_kernel",
+    "_no_repeat_ngram_kernel",
 }  # fmt: skip
 
 

@@ -146,3 +146,36 @@ def test_bad_values_are_refused_naming_the_field(extra: dict, field: str) -> Non
     with pytest.raises(OptionError) as err:
         Options.from_extra_args(extra)
     assert err.value.field == field
+
+
+def test_v2_kernel_matches_the_torch_path_bit_for_bit() -> None:
+    """The Triton kernel V2 uses (``processors/ngram_kernel.py``), run in Triton's interpreter
+    in a fresh process (``tests/v2_real/ngram_kernel_cases.py``), gives exactly the torch
+    path's logits on 260 generated steps, and those steps cover what can go differently."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.ngram_kernel_cases"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("NGRAMKERNEL "))
+    result = json.loads(line[len("NGRAMKERNEL ") :])
+    assert result["mismatches"] == []
+    covered = result["covered"]
+    minimums = {
+        "rows_off": 100, "rows_banning_n1": 50, "rows_banning_n2": 50, "rows_banning_n3": 20,
+        "rows_banning_n4": 10, "rows_banning_n6": 5, "draft_rows_banning": 50,
+        "placeholder_rows": 50, "whitelisted_rows": 100, "windowed_rows_banning": 50,
+        "plain_rows_banned": 100, "one_left_rows_banned": 20, "only_bans_rows_kept_whole": 20,
+        "all_masked_rows_kept_whole": 20, "wide_vocab_rows_banning": 20,
+        "tight_width_steps": 50, "zero_width_steps": 5,
+    }  # fmt: skip
+    short = {k: covered.get(k, 0) for k, want in minimums.items() if covered.get(k, 0) < want}
+    assert not short, short

@@ -1,7 +1,8 @@
 """``no_repeat_ngram_size``: never repeat an n-gram of the output (as the OCR models' processors).
 
 The math is ``ngram_math``; each row's recent output tokens come from ``history`` (host lists
-under Model Runner V1, device tables under V2, chosen once at build).
+under Model Runner V1, device tables under V2, chosen once at build). Where Triton compiles
+under V2, the history, the bans and the mask are one launch (``ngram_kernel``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.history import row_history
+from constrained.processors.ngram_kernel import ban_repeated_ngrams_kernel
 from constrained.processors.ngram_math import ban_tokens, repeated_ngram_bans
-from constrained.processors.runners import Rows
+from constrained.processors.runners import Rows, triton_kernels_on
 from constrained.processors.slots import Column
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
         self.history = row_history(self.slots, self.layout, "ngram_window", output_only=True)
+        self.on_triton = triton_kernels_on(self.layout, on_v1=False)  # V2 only
 
     def columns(self) -> dict[str, Column]:
         return {
@@ -70,6 +73,8 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
         return True
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        if self.on_triton:
+            return self._apply_kernel(logits, rows)
         max_n = int(self.slots.host_values["ngram_n"][self.slots.active].max(initial=0))
         history = self.history(rows)
         if history.shape[1] == 0:
@@ -81,3 +86,16 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             max_n,
         )
         return ban_tokens(logits, history, banned)
+
+    def _apply_kernel(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        tables, states = self.slots.device_tables, self.layout.req_states
+        return ban_repeated_ngrams_kernel(
+            logits,
+            rows.ctx,
+            states.all_token_ids.gpu,
+            states.prompt_len.gpu,
+            tables["ngram_n"],
+            tables["ngram_window"],
+            tables["ngram_whitelist"],
+            self.history.width(rows),
+        )

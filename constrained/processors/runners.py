@@ -11,12 +11,15 @@ differently under the two runners is chosen from it once, with ``layout.pick(v1,
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from vllm.triton_utils import HAS_TRITON
 
 from constrained.processors.placement import placement_of
+from constrained.settings import settings
 
 T = TypeVar("T")
 
@@ -98,3 +101,19 @@ def layout_for(vllm_config: Any, runner_args: tuple) -> Layout:
         f"constrained: unknown logits-processor constructor arguments {runner_args!r}: "
         "expected V1's (device, is_pin_memory) or V2's (req_states)"
     )
+
+
+def triton_kernels_on(layout: Layout, on_v1: bool) -> bool:
+    """Whether a processor runs its own Triton kernels, decided once when it is built.
+
+    Where Triton compiles: Model Runner V2 always, V1 on CUDA only where ``on_v1`` (the
+    truncation samplers; no-repeat-ngram and XTC's own kernels read V2's request state). Not
+    under Triton's CPU interpreter (the V2 tests), where a vocabulary-wide pass costs seconds,
+    unless ``CONSTRAINED_TRUNCATION_KERNELS=1`` forces them (``0``: never; ``settings.py``).
+
+    Example: ``triton_kernels_on(V2Layout(...), on_v1=False)`` is True on a GPU.
+    """
+    on = HAS_TRITON and layout.pick(on_v1 and layout.device.type == "cuda", True)
+    forced = settings().truncation_kernels
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's own switch
+    return on and ((not interpreted) if forced is None else forced)

@@ -21,17 +21,15 @@ registration order, after the grammar mask: they never see a token the grammar f
 
 from __future__ import annotations
 
-import os
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
-from vllm.triton_utils import HAS_TRITON
 
 from constrained.options import Options
 from constrained.processors.base import GREEDY_TEMPERATURE, DualInterfaceProcessor, Tokens
-from constrained.processors.runners import Rows
+from constrained.processors.runners import Rows, triton_kernels_on
 from constrained.processors.slots import Column
 from constrained.processors.truncation_kernels import mask_outside_kernel
 from constrained.processors.truncation_math import (
@@ -43,7 +41,6 @@ from constrained.processors.truncation_math import (
     mask_outside_rows,
     mask_outside_rows_native,
 )
-from constrained.settings import settings
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -68,10 +65,7 @@ class TruncationProcessor(DualInterfaceProcessor):
         # Decided once: where Triton compiles (V2 always, V1 on CUDA) the tensor mask is one
         # kernel, and a subclass may use its own kernels for the bounds (not under Triton's
         # CPU interpreter unless CONSTRAINED_TRUNCATION_KERNELS=1: settings.py).
-        self.on_triton = HAS_TRITON and self.layout.pick(self.layout.device.type == "cuda", True)
-        forced = settings().truncation_kernels
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's own switch
-        self.on_triton &= (not interpreted) if forced is None else forced
+        self.on_triton = triton_kernels_on(self.layout, on_v1=True)
         self.mask = HostRowsMask(self) if self.layout.host_reads_free else TensorMask(self)
         self.scratch = Scratch()  # host blocks' work buffers (HostRowsMask only)
         # HostRowsMask: the C kernels where they compile (one pass a row for the mask,

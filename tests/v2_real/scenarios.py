@@ -1074,6 +1074,15 @@ def ngram_sampler() -> dict:
     tokens, so n-grams repeat."""
     from tests.test_no_repeat_ngram import banned_reference
 
+    from constrained.processors.no_repeat_ngram import NoRepeatNGramProcessor
+
+    import os
+
+    from constrained.settings import reset
+
+    # The Triton kernel (off by default under the interpreter; this vocabulary is small).
+    os.environ["CONSTRAINED_TRUNCATION_KERNELS"] = "1"
+    reset()
     rng = random.Random(9)
     torch.manual_seed(9)
     capacity, num_spec, vocab = 10, 3, 64
@@ -1087,6 +1096,8 @@ def ngram_sampler() -> dict:
         max_model_len=256,
         max_num_batched_tokens=512,
     )
+    ngram = next(p for p in runner.custom if isinstance(p, NoRepeatNGramProcessor) and not inert(p))
+    check(ngram.on_triton, "the no-repeat-ngram kernel is off")
     stats = {
         "setup_seconds": round(time.monotonic() - started, 1),
         "ngram_rows": 0,
