@@ -61,9 +61,9 @@ class Settings:
     # The server's vLLM tool parser: which call styles it reads back as we write them.
     tool_call_parser: str | None = None
     # The samplers' Triton kernels (processors/truncation_kernels.py, ngram_kernel.py). None
-    # (auto): wherever Triton compiles (V2, V1 on CUDA; ngram_kernel V2 only), not under Triton's
-    # CPU interpreter, where typical-p's histogram passes take about a second per 151,936-wide
-    # row; True / False force (processors/runners.triton_kernels_on).
+    # (auto): wherever Triton compiles (V2, V1 on CUDA; XTC's and no-repeat-ngram's: V2 only),
+    # not under Triton's CPU interpreter, where typical-p's histogram passes take about a
+    # second per 151,936-wide row; True / False force (processors/runners.triton_kernels_on).
     truncation_kernels: bool | None = None
     # DRY's Triton kernels under Model Runner V2 (processors/dry_kernel.py: two launches a
     # step, cheap under the interpreter too: nothing vocabulary-sized); False: the torch ops

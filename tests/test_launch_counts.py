@@ -31,7 +31,7 @@ BUDGET: dict[str, int] = {
     "no_repeat_ngram": 1,  # one Triton program per row (ngram_kernel.py)
     "top_n_sigma": 5,  # 3 Triton launches for the bound (truncation_kernels.py), 1 mask
     "typical_p": 11,  # 9 Triton launches for the bounds (truncation_kernels.py), 1 mask
-    "xtc": 41,
+    "xtc": 4,  # 4 Triton passes: draw + top, sum, least qualifying, mask (truncation_kernels.py)
 }
 # vLLM's built-ins for the same options, for the record (asserted so the comparison holds).
 VLLM_BUILTIN = {"vllm_builtin_pen_bias_minp": 3}
@@ -68,7 +68,7 @@ OUR_KERNELS = {
     "_prep_kernel", "_penalties_max_kernel", "_min_p_mask_kernel", "_typical_pass_kernel",
     "_top_n_sigma_pass_kernel", "_mask_outside_kernel",
     "_dry_repeats_kernel", "_dry_min_kernel",
-    "_no_repeat_ngram_kernel",
+    "_no_repeat_ngram_kernel", "_xtc_pass_kernel",
 }  # fmt: skip
 
 

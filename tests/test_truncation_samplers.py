@@ -446,3 +446,37 @@ def test_the_host_kernels_share_rows_among_torchs_own_openmp_threads(monkeypatch
     finally:
         monkeypatch.delenv("CONSTRAINED_HOST_THREADS")
         reset()
+
+
+def test_xtc_kernel_matches_the_torch_path_bit_for_bit() -> None:
+    """XTC's Triton kernel (V2), run in Triton's interpreter in a fresh process
+    (``tests/v2_real/xtc_kernel_cases.py``): the same draws as ``uniform_hash`` on 1,500
+    seeds and positions, and exactly the torch path's logits on 220 generated calls (off and
+    greedy slots, draws in and out, ties at the top and at the least qualifying logit, masked
+    and all-masked rows, rows wider than a chunk)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v2_real.xtc_kernel_cases"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("XTCKERNEL "))
+    result = json.loads(line[len("XTCKERNEL ") :])
+    assert result["draw_mismatches"] == 0
+    assert result["mismatches"] == []
+    covered = result["covered"]
+    minimums = {
+        "draws_applied": 300, "rows_off": 100, "rows_drawn_out": 100, "rows_drawn_in": 100,
+        "lifted_rows_truncated": 30, "tie_top_rows_truncated": 8, "tie_least_rows_truncated": 15,
+        "masked_rows_truncated": 15, "all_masked_rows_applied_untouched": 30,
+        "wide_rows_truncated": 3,
+    }  # fmt: skip
+    short = {k: covered.get(k, 0) for k, want in minimums.items() if covered.get(k, 0) < want}
+    assert not short, short

@@ -27,6 +27,10 @@
 - ``mask_outside_kernel``: ``truncation_math.mask_outside`` in one pass that stores only the
   entries it masks (the torch form is two compares and two ``masked_fill_``).
 
+- ``xtc_kernel`` (Model Runner V2): XTC's draw, bound and mask in four launches of the same
+  shape, reading the per-slot columns by slot (the torch path was 41 launches: gathers, the
+  hash's ~25 integer ops, ``logsumexp`` and the mask).
+
 The torch path for typical-p was 7-15 ms per step on an H200 at batch 256 (a ``scatter_add``
 histogram with hot buckets, ``int64 [rows, vocab]`` temporaries); see docs/benchmarks.md#gpu.
 """
@@ -352,4 +356,138 @@ def mask_outside_kernel(
         HAS_HIGH=high is not None,
         BLOCK=MASK_BLOCK,
     )
+    return logits
+
+
+@triton.jit
+def _mix32(x):
+    """``truncation_math._mix32``: a 32-bit integer hash, in int64 (products below 2**59)."""
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _xtc_draw(row, row_slots_ptr, pos_ptr, probability_ptr, seed_ptr):
+    """The row's slot, and whether XTC applies to it this step: ``truncation_math.
+    uniform_hash(seed, pos + 1) < xtc_probability``, the same integer hash and float64 draw."""
+    slot = tl.load(row_slots_ptr + row).to(tl.int64)
+    seed = tl.load(seed_ptr + slot).to(tl.int64)
+    position = tl.load(pos_ptr + row).to(tl.int64) + 1  # the token being sampled
+    x = (_mix32(seed) ^ (position * 0x2545F491)) & 0xFFFFFFFF
+    draw = _mix32(x).to(tl.float64) / 4294967296.0
+    return slot, draw < tl.load(probability_ptr + slot).to(tl.float64)
+
+
+@triton.jit
+def _xtc_pass_kernel(
+    logits_ptr,
+    logits_stride,
+    vocab,
+    row_slots_ptr,
+    pos_ptr,
+    probability_ptr,
+    threshold_ptr,
+    seed_ptr,
+    stats_ptr,
+    totals_ptr,
+    PASS: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    slot, applies = _xtc_draw(row, row_slots_ptr, pos_ptr, probability_ptr, seed_ptr)
+    if not applies:  # not this step (or not this request): the row is left alone
+        return
+    nsplit = tl.cdiv(vocab, CHUNK)
+    base = logits_ptr + row * logits_stride
+    offs = tl.arange(0, BLOCK)
+    first = part * CHUNK
+    s = tl.arange(0, SPLIT_P2)
+    ok = s < nsplit
+    stats = stats_ptr + (row * nsplit + s) * 2
+    mine = stats_ptr + (row * nsplit + part) * 2
+    if PASS == 0:  # the chunk's top
+        top_acc = tl.full([BLOCK], float("-inf"), tl.float32)
+        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
+            idx = start + offs
+            top_acc = tl.maximum(
+                top_acc, tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+            )
+        tl.store(mine, tl.max(top_acc, 0))
+    else:
+        top = tl.max(tl.load(stats, mask=ok, other=float("-inf")), 0)
+        shift = tl.where(tl.abs(top) == float("inf"), 0.0, top)  # as torch.logsumexp
+        if PASS == 1:  # the chunk's sum of exp(l - shift), in float64
+            total_acc = tl.zeros([BLOCK], tl.float64)
+            for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
+                idx = start + offs
+                x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+                total_acc += tl.exp(x - shift).to(tl.float64)
+            tl.store(totals_ptr + row * nsplit + part, tl.sum(total_acc, 0))
+        else:
+            total = tl.sum(tl.load(totals_ptr + row * nsplit + s, mask=ok, other=0.0), 0)
+            lse = tl.log(total.to(tl.float32)) + shift
+            cut = lse + tl.log(tl.load(threshold_ptr + slot))
+            cut = tl.maximum(cut, -3.4028234663852886e38)  # float32's lowest: -inf never qualifies
+            if PASS == 2:  # the chunk's least qualifying logit
+                least_acc = tl.full([BLOCK], float("inf"), tl.float32)
+                for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
+                    idx = start + offs
+                    x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
+                    least_acc = tl.minimum(least_acc, tl.where(x >= cut, x, float("inf")))
+                tl.store(mine + 1, tl.min(least_acc, 0))
+            else:  # the mask: every logit above the least qualifying one
+                least = tl.min(tl.load(stats + 1, mask=ok, other=float("inf")), 0)
+                for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
+                    idx = start + offs
+                    inside = idx < vocab
+                    x = tl.load(base + idx, mask=inside, other=float("-inf"))
+                    drop = inside & (x > least)
+                    tl.store(base + idx, tl.full([BLOCK], float("-inf"), tl.float32), mask=drop)
+
+
+def xtc_kernel(
+    logits: torch.Tensor,
+    row_slots: torch.Tensor,
+    pos: torch.Tensor,
+    probability: torch.Tensor,
+    threshold: torch.Tensor,
+    seed: torch.Tensor,
+) -> torch.Tensor:
+    """XTC under Model Runner V2 in four launches, in place: the draw, ``truncation_math.
+    xtc_bounds`` and the mask, reading the per-slot columns directly (no gathers).
+
+    Each of ``rows x chunks`` programs first draws (``uniform_hash(seed, pos + 1) <
+    xtc_probability``, the torch path's integer hash) and leaves a row that does not apply at
+    once. Then pass 0: each chunk's top logit; pass 1: each chunk's ``sum(exp(l - top))`` in
+    float64; pass 2: ``cut = log(Z) + top + log(threshold)`` replayed from the per-chunk
+    results, and each chunk's least logit ``>= cut``; pass 3: every logit above the row's least
+    qualifying one set to ``-inf``. No atomics, no host reads. The kept set is the torch
+    path's except where a logit lies within rounding of the cut (torch's ``logsumexp`` sums
+    in another order, as it does on CPU and GPU).
+
+    Args:
+        logits: [rows, vocab] float32 on a Triton device (rows contiguous in the last dim).
+        row_slots: [rows] each row's slot; pos: [rows] its input position (V2's ``ctx.pos``).
+        probability, threshold: [slots] float32 (probability 0: off); seed: [slots] int64.
+
+    Example: ``p = [0.5, 0.3, 0.15, 0.05]``, threshold 0.1, a draw that applies: 0.5 and 0.3
+    go to ``-inf``, 0.15 (the least likely at or above 0.1) and 0.05 stay.
+    """
+    rows, vocab = logits.shape
+    if rows == 0:
+        return logits
+    assert logits.stride(1) == 1, "xtc_kernel: rows must be contiguous"
+    nsplit = triton.cdiv(vocab, CHUNK)
+    stats = torch.empty(rows, nsplit, 2, dtype=torch.float32, device=logits.device)
+    totals = torch.empty(rows, nsplit, dtype=torch.float64, device=logits.device)
+    fixed = {"SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab), "CHUNK": CHUNK,
+             "num_warps": 8}  # fmt: skip
+    args = (logits, logits.stride(0), vocab, row_slots, pos, probability, threshold, seed,
+            stats, totals)  # fmt: skip
+    for p in range(4):
+        _xtc_pass_kernel[(rows, nsplit)](*args, PASS=p, **fixed)
     return logits

@@ -13,6 +13,7 @@ from constrained.processors.base import Tokens
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
 from constrained.processors.truncation import Bounds, TruncationProcessor
+from constrained.processors.truncation_kernels import xtc_kernel
 from constrained.processors.truncation_math import uniform_hash, xtc_bounds, xtc_bounds_on_host
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class XtcProcessor(TruncationProcessor):
         self._unseeded = itertools.count(_seed32(engine_seed) << 20)
         # V1: each request's (prompt length, live output list); V2 reads ctx.pos instead.
         self.position_of = self.layout.pick(self._v1_positions, _v2_positions)
+        # V2 where Triton runs: the draw, the bound and the mask in one kernel's four passes.
+        self.own_kernel = self.layout.pick(False, self.on_triton)
 
     def columns(self) -> dict[str, Column]:
         return {
@@ -79,6 +82,19 @@ class XtcProcessor(TruncationProcessor):
         if tokens is not None:  # V1: positions come from the request's own lists
             self.slots.payload[slot] = (len(tokens[0]), tokens[1])
         return True
+
+    def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        if not self.own_kernel:
+            return super().apply_rows(logits, rows)
+        tables = self.slots.device_tables
+        return xtc_kernel(
+            logits,
+            rows.slots,
+            rows.ctx.pos,
+            tables[self.PARAM],
+            tables["xtc_threshold"],
+            tables["seed"],
+        )
 
     def row_params(self, rows: Rows, on_host: bool) -> dict[str, torch.Tensor]:
         params = super().row_params(rows, on_host)
