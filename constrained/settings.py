@@ -23,7 +23,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_GRAMMAR_STORE_MB`` | 1024 | most the compiled-grammar store keeps on disk |
 | ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS`` | 0 (launcher: 1) | ``response_format``, tools to us |
 | ``CONSTRAINED_TOOL_CALL_PARSER`` | (launcher: its ``--tool-call-parser``) | whose calls we write |
-| ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | the samplers' Triton kernels: 1 on, 0 off |
+| ``CONSTRAINED_TRUNCATION_KERNELS`` | auto | truncation, XTC, n-gram kernels: 1 on, 0 off |
 | ``CONSTRAINED_DRY_KERNEL`` | 1 | DRY's Triton kernels under Model Runner V2; 0: torch ops |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 | ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
