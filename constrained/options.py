@@ -67,7 +67,8 @@ AS_FLOAT = frozenset({"min_p", "repetition_penalty", "frequency_penalty", "prese
 # The numeric options' ranges: (low, high or None, low excluded, why), one rule each.
 RANGES: dict[str, tuple[float, float | None, bool, str]] = {
     "min_p": (0, 1, False, ""),
-    "repetition_penalty": (0, None, True, " (1 = off)"),
+    # (float32 holds it and 1 / it: 1e39 would be inf there, 1e-50 zero, and 0 * inf NaN)
+    "repetition_penalty": (1e-30, 1e30, False, " (1 = off)"),
     "frequency_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT, False, ""),
     "presence_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT, False, ""),
     "penalty_last_n": (0, MAX_PENALTY_WINDOW, False, " (0 = no window)"),

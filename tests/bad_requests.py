@@ -127,6 +127,7 @@ CORPUS: list[Bad] = [
     Bad("min_p-above-1", {"min_p": 2.0}, "min_p"),
     Bad("min_p-negative", {"min_p": -0.1}, "min_p"),
     Bad("repetition-zero", {"repetition_penalty": 0}, "repetition_penalty"),
+    Bad("repetition-past-float32", {"repetition_penalty": 1e31}, "repetition_penalty"),
     Bad("repetition-negative", {"repetition_penalty": -1.5}, "repetition_penalty"),
     Bad("presence-above-2", {"presence_penalty": 3.5}, "presence_penalty"),
     Bad("window-negative", {"penalty_last_n": -5}, "penalty_last_n"),

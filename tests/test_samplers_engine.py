@@ -181,7 +181,7 @@ STRUCTURE = ['{"', '"', '":', '","', '"},{"', ",", "{", "}", "]", "[", '"}', '"}
         {"no_repeat_ngram_size": 3},
         # penalties past float32's range (a finite push: held at the limit, not -inf)
         {"dry_multiplier": 1e38, "dry_allowed_length": 1, "dry_sequence_breakers": []},
-        {"repetition_penalty": 1e38},
+        {"repetition_penalty": 1e30},  # (the largest accepted)
         {"logit_bias": "structure"},
     ],
     ids=["ngram2", "ngram3", "dry_huge", "repetition_huge", "bias_against_structure"],

@@ -79,15 +79,15 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         """The vocabulary, compiler, mask writer and fill (a pipeline stage that never samples
         has none)."""
         vocab = load_vocab(tokenizer_path(self.vllm_config.model_config), self.logits_width)
-        vocab.warm_in_background()  # the backends' tables, while this request's grammar loads
-        self.vocab, self.compiler = vocab, compiler_for(vocab)
-        self.writer = MaskWriter(vocab, self.layout.device)
-        fill = self.layout.pick(V1MaskFill, V2MaskFill)
-        self.fill = fill(self.writer, self.slots, self.layout)
         # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
         # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
         implicit = thinking_ends(self.vllm_config, vocab.hf_tokenizer).implicit_ids
+        writer = MaskWriter(vocab, self.layout.device)
+        fill = self.layout.pick(V1MaskFill, V2MaskFill)(writer, self.slots, self.layout)
+        # All at once, after everything that can fail: a failed build leaves no part behind.
+        self.vocab, self.compiler, self.writer, self.fill = vocab, compiler_for(vocab), writer, fill
         self.thinking_stops = frozenset({vocab.eos_token_id, *implicit})
+        vocab.warm_in_background()  # the backends' tables, while this request's grammar loads
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}
@@ -102,9 +102,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if spec is None:
             return False
         output_ids = tokens[1] if tokens is not None else None
+        compiled = self.compiler.submit(spec)  # (builds the lazy parts first, before the slot)
         self.slots.write(slot, constrained=True)
         limit = params.max_tokens if closes_at_budget(options, params) else None
-        state = RowState(spec, self.compiler.submit(spec), output_ids, limit)
+        state = RowState(spec, compiled, output_ids, limit)
         if limit is not None:
             state.hints = self.resumed.hints_for(params, state)
         if options.reasoning_end is not None:

@@ -80,7 +80,8 @@ class StatsReporter:
                 "payloads": sum(p is not None for p in slots.payload),
                 "capacity": slots.capacity,
             }
-            compiler = getattr(proc, "compiler", None)
+            # (its __dict__: reading would build the grammar processor's lazy parts)
+            compiler = vars(proc).get("compiler")
             if compiler is not None:
                 caches[id(compiler)] = compiler
         entries = sum(c.cache_len() for c in caches.values())

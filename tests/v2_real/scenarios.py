@@ -255,9 +255,9 @@ def builtin_params(extra: dict, temperature: float) -> SamplingParams:
 
 
 def solo_options(rng: random.Random, vocab: int, extremes: bool = False) -> dict:
-    """``extremes``: repetition penalties of 1e38 / 1e-38 too (products past float32's range,
-    held at the limit); off keeps the random stream other scenarios' counts were set on."""
-    penalties = [0.7, 1.3, 2.0, 1e38, 1e-38] if extremes else [0.7, 1.3, 2.0]
+    """``extremes``: repetition penalties of 1e30 / 1e-30 too (the range's ends: products past
+    the limit, held there); off keeps the random stream other scenarios' counts were set on."""
+    penalties = [0.7, 1.3, 2.0, 1e30, 1e-30] if extremes else [0.7, 1.3, 2.0]
     extra = {
         "repetition_penalty": rng.choice(penalties),
         "frequency_penalty": rng.choice([0.0, -1.5, 0.5, 2.0]),
