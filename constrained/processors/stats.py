@@ -18,6 +18,7 @@ Example snapshot::
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -80,8 +81,8 @@ class StatsReporter:
                 "payloads": sum(p is not None for p in slots.payload),
                 "capacity": slots.capacity,
             }
-            # (its __dict__: reading would build the grammar processor's lazy parts)
-            compiler = vars(proc).get("compiler")
+            # (statically: a plain read would build the grammar processor's lazy parts)
+            compiler = inspect.getattr_static(proc, "compiler", None)
             if compiler is not None:
                 caches[id(compiler)] = compiler
         entries = sum(c.cache_len() for c in caches.values())
