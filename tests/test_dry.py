@@ -16,6 +16,7 @@ from constrained.options import OptionError
 from constrained.processors.dry import DryProcessor
 from constrained.processors.functional import PENALTY_LIMIT_LOGIT
 from tests.simulate import Request, V1Batch, fake_vllm_config
+from tests.v2_real import run_cases
 
 VOCAB = 19  # small, so random sequences repeat
 CAPACITY = 10
@@ -230,21 +231,7 @@ def test_v2_kernels_match_the_torch_form_bit_for_bit() -> None:
     split over several programs), give the logits the torch form (``device_history`` +
     ``repeat_lengths`` + ``dry_penalize``) gives, bit for bit; and ``multiplier * base ** e``
     equals torch's float64 ``pow`` on every value tried."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.dry_kernel_cases", "120"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("DRYKERNEL "))
-    stats = json.loads(line[len("DRYKERNEL ") :])
+    stats = run_cases("dry_kernel_cases", "DRYKERNEL", "120")
     assert stats["mismatches"] == [], stats["mismatches"][:1]
     assert stats["pow_mismatch_count"] == 0, stats["pow_mismatches"]
     # the cases reach what they are for

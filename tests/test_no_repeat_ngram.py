@@ -16,6 +16,7 @@ from constrained.options import OptionError
 from constrained.processors.ngram_math import ban_tokens, repeated_ngram_bans
 from constrained.processors.no_repeat_ngram import NoRepeatNGramProcessor
 from tests.simulate import Request, V1Batch, fake_vllm_config
+from tests.v2_real import run_cases
 
 VOCAB = 23  # small, so random outputs repeat n-grams often
 CAPACITY = 10
@@ -152,21 +153,7 @@ def test_v2_kernel_matches_the_torch_path_bit_for_bit() -> None:
     """The Triton kernel V2 uses (``processors/ngram_kernel.py``), run in Triton's interpreter
     in a fresh process (``tests/v2_real/ngram_kernel_cases.py``), gives exactly the torch
     path's logits on 260 generated steps, and those steps cover what can go differently."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.ngram_kernel_cases"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("NGRAMKERNEL "))
-    result = json.loads(line[len("NGRAMKERNEL ") :])
+    result = run_cases("ngram_kernel_cases", "NGRAMKERNEL")
     assert result["mismatches"] == []
     covered = result["covered"]
     minimums = {

@@ -28,6 +28,7 @@ from constrained.processors.truncation_math import (
 from constrained.processors.typical_p import TypicalPProcessor
 from constrained.processors.xtc import XtcProcessor, _seed32
 from tests.simulate import Request, V1Batch, fake_vllm_config
+from tests.v2_real import run_cases
 
 VOCAB = 257
 CAPACITY = 12
@@ -303,21 +304,7 @@ def test_bad_values_are_refused_naming_the_field(extra: dict, field: str) -> Non
 def test_typical_p_kernel_matches_the_sorting_reference() -> None:
     """The Triton kernel that V2 (and V1 on CUDA) uses, run in Triton's interpreter in a fresh
     process, keeps the float64 sorting reference's tokens on vocabulary-sized rows."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.typical_kernel_rows"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TYPICALROWS "))
-    bounds = json.loads(line[len("TYPICALROWS ") :])
+    bounds = run_cases("typical_kernel_rows", "TYPICALROWS")
     logits = typical_rows()
     for i, p in enumerate(TYPICAL_MASSES):
         row = logits[i]
@@ -454,21 +441,7 @@ def test_xtc_kernel_matches_the_torch_path_bit_for_bit() -> None:
     seeds and positions, and exactly the torch path's logits on 220 generated calls (off and
     greedy slots, draws in and out, ties at the top and at the least qualifying logit, masked
     and all-masked rows, rows wider than a chunk)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.xtc_kernel_cases"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("XTCKERNEL "))
-    result = json.loads(line[len("XTCKERNEL ") :])
+    result = run_cases("xtc_kernel_cases", "XTCKERNEL")
     assert result["draw_mismatches"] == 0
     assert result["mismatches"] == []
     covered = result["covered"]
