@@ -3,7 +3,8 @@
 Two ``ray start --block`` processes on loopback: a head and a second node, each a Ray node of
 its own (its own raylet and object store) with one CPU and one logical ``GPU``. Each runs in
 its own session, so stopping it ends every process it started (raylet, GCS, the vLLM workers
-Ray spawned), and nothing else on the machine.
+Ray spawned), and nothing else on the machine. Stopping kills them outright: the test has
+nothing to drain, and a graceful stop costs seconds it does not need.
 
 **Why a logical GPU, and the platform shim**: vLLM's CPU build refuses the Ray executor
 outright: ``CpuPlatform.ray_device_key`` is empty, and ``initialize_ray_cluster`` raises
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +29,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.process_sessions import kill_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -68,38 +70,15 @@ class RayCluster:
     nodes: list[subprocess.Popen] = field(default_factory=list)
 
     def stop(self) -> None:
-        """End each node's session (SIGTERM: ``ray start --block`` stops its processes),
-        the second node first (it drains through the head's GCS), then kill what is left."""
-        for proc in reversed(self.nodes):
-            proc.send_signal(signal.SIGTERM)  # ``ray start`` alone: it drains, then stops all
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(40)
-        time.sleep(1)
+        """Kill every process of each node's session (its ``ray start`` and all that started:
+        GCS, raylet, Ray's workers) until none is left; raise naming any that outlive it."""
+        left = kill_sessions([proc.pid for proc in self.nodes])
         for proc in self.nodes:
-            _kill_session(proc.pid, signal.SIGKILL)
-            proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)  # reap our two ``ray start`` (killed unless in ``left``)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def _kill_session(sid: int, sig: int) -> None:
-    """Signal every process of the session ``sid`` (a node's ``ray start`` and its
-    descendants, which Ray leaves in that session)."""
-    for pid in _session_pids(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) == sid:
-                pids.append(int(entry.name))
-        except (ProcessLookupError, PermissionError):
-            continue
-    return pids
+        if left:
+            raise RuntimeError(f"Ray processes still running after the cluster's stop: {left}")
 
 
 def start_cluster(workdir: Path) -> RayCluster:

@@ -27,6 +27,7 @@ import pytest
 
 from tests.output_checks import check_output
 from tests.parallel_run import REGEX, SCHEMA
+from tests.process_sessions import kill_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,11 +64,19 @@ def run_layout(
     for key in ("PARALLEL_DIGEST_DIR", "CONSTRAINED_STATS_PATH"):
         env.pop(key, None)  # the runner puts both in its work directory
     cmd = [sys.executable, "-m", "tests.parallel_run", model, *args, "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    # In its own session: whatever happens here (a timeout, an interrupt), nothing it started
+    # outlives this call (vLLM's engine process survives a runner that is killed).
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=900)
+    finally:
+        kill_sessions([proc.pid])
+        proc.wait()
     for text, reason in VLLM_REFUSES.items():
-        if proc.returncode != 0 and text in proc.stderr:
+        if proc.returncode != 0 and text in stderr:
             pytest.skip(f"{' '.join(args)}: {reason}")
-    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{stderr[-4000:]}"
     return json.loads(out.read_text())
 
 
