@@ -7,7 +7,8 @@ process tree) and by hand::
 
 Each layout runs the same requests twice, in one engine: once with our options and once with
 none (the same vLLM parameters), so a test can tell a difference our processors make from one
-vLLM makes on its own when the layout changes its arithmetic.
+vLLM makes on its own when the layout changes its arithmetic. ``--no-plain`` runs only the
+first: a test that requires the single worker's tokens outright needs no such excuse.
 
 Every rank that samples also records a digest of the logits our processors hand on, step by
 step (``StepDigest`` below, registered after them): tensor-parallel ranks must agree exactly.
@@ -214,14 +215,15 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
     processors = TAIL_PROCESSORS if args.ray else all_processors()
     if args.ray:
         kwargs["distributed_executor_backend"] = "ray"
+    began = time.perf_counter()
     llm = LLM(model=args.model, logits_processors=processors, **kwargs)
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"engine_start_seconds": time.perf_counter() - began}
     if args.warmup:  # compile the constraints and warm the kernels before anything is timed
         _start_run("warmup")
         warm = [SamplingParams(**{**r["params"], "max_tokens": 8}, extra_args=r["options"])
                 for r in reqs]  # fmt: skip
         llm.generate([r["prompt"] for r in reqs], warm, use_tqdm=False)
-    for label, with_options in (("options", True), ("plain", False)):
+    for label, with_options in runs(args):
         params = [
             SamplingParams(**r["params"], extra_args=r["options"] if with_options else None)
             for r in reqs
@@ -240,9 +242,18 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
         int(getattr(m, "value", 0)) for m in llm.get_metrics() if m.name == "vllm:num_preemptions"
     )
     if args.ray:
+        began = time.perf_counter()
         result["refusal"] = refusal(llm, SamplingParams)
+        result["refusal_seconds"] = time.perf_counter() - began
+    began = time.perf_counter()
     llm.llm_engine.engine_core.shutdown()
+    result["shutdown_seconds"] = time.perf_counter() - began
     return result
+
+
+def runs(args: argparse.Namespace) -> list[tuple[str, bool]]:
+    """The runs of the batch, in order: its label and whether it carries our options."""
+    return [("options", True)] if args.no_plain else [("options", True), ("plain", False)]
 
 
 def refusal(llm: Any, sampling_params: Any) -> str:
@@ -274,6 +285,8 @@ def run_data_parallel(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> d
             cmd.append("--compiled")
         if args.reasoning:
             cmd.append("--reasoning")
+        if args.no_plain:
+            cmd.append("--no-plain")
         procs.append(subprocess.Popen(cmd, env=env))
         outs.append(out)
     codes = [p.wait() for p in procs]
@@ -281,7 +294,7 @@ def run_data_parallel(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> d
         raise SystemExit(f"data-parallel ranks exited with {codes}")
     parts = [json.loads(o.read_text()) for o in outs]
     merged: dict[str, Any] = {"preemptions": sum(p["preemptions"] for p in parts)}
-    for label in ("options", "plain"):
+    for label, _ in runs(args):
         merged[label] = [parts[i % args.dp][label][i // args.dp] for i in range(len(reqs))]
     return merged
 
@@ -327,7 +340,7 @@ def run_served(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
                 _start_run("warmup")
                 warm = [{**r, "params": {**r["params"], "max_tokens": 8}} for r in reqs]
                 list(pool.map(lambda r: one(r, True), warm))
-            for label, with_options in (("options", True), ("plain", False)):
+            for label, with_options in runs(args):
                 _start_run(label)
                 began, steps = time.perf_counter(), steps_so_far()
                 result[label] = list(pool.map(lambda r, w=with_options: one(r, w), reqs))
@@ -413,6 +426,8 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true",
                         help="vLLM's Ray executor (RAY_ADDRESS: a running cluster); ours "
                         "from the entry points; also try BAD_OPTION")  # fmt: skip
+    parser.add_argument("--no-plain", action="store_true",
+                        help="run the batch with our options only, not also without")  # fmt: skip
     parser.add_argument("--reasoning", action="store_true",
                         help="add a reasoning-gate kind (REASONING_KIND) to the batch")  # fmt: skip
     parser.add_argument("--out", required=True)
