@@ -244,6 +244,7 @@ def run_engine(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str
     if args.ray:
         began = time.perf_counter()
         result["refusal"] = refusal(llm, SamplingParams)
+        result["after_refusal"] = after_refusal(llm, SamplingParams)
         result["refusal_seconds"] = time.perf_counter() - began
     began = time.perf_counter()
     llm.llm_engine.engine_core.shutdown()
@@ -264,6 +265,20 @@ def refusal(llm: Any, sampling_params: Any) -> str:
     except Exception as err:  # vLLM's VLLMValidationError, as the user gets it
         return f"{type(err).__name__}: {err}"
     return "accepted"
+
+
+# The request sent after the refusal: the refused option, valid, for a few tokens.
+AFTER_REFUSAL = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+
+
+def after_refusal(llm: Any, sampling_params: Any) -> dict[str, Any]:
+    """A request after the refusal, in the same engine: it must still serve."""
+    (name,) = BAD_OPTION
+    _start_run("after_refusal")
+    (out,) = llm.generate(["after"], sampling_params(**AFTER_REFUSAL, extra_args={name: 0.8}),
+                          use_tqdm=False)  # fmt: skip
+    return {"token_ids": list(out.outputs[0].token_ids),
+            "finish_reason": out.outputs[0].finish_reason}  # fmt: skip
 
 
 def run_data_parallel(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str, Any]:

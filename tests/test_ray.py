@@ -8,7 +8,7 @@ vLLM's placement group puts one rank on each node. The batch is ``tests/parallel
 XTC + top-n-sigma, plain) plus a reasoning gate before the JSON schema, on a KV cache small
 enough to preempt, once, with our options (``--no-plain``: no second run without them). It
 must give the single-process engine's tokens, token for token: no difference is excused as
-vLLM's own.
+vLLM's own. A bad option is then refused, and the engine still serves the next request.
 
 vLLM's CPU build refuses the Ray executor ("current platform cpu does not support ray."): its
 platform has no Ray device key. The test supplies one through vLLM's platform-plugin entry
@@ -23,7 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.parallel_run import BAD_OPTION
+pytest.importorskip("ray")  # the cluster is ``ray start``; CI has it (the ``test`` extra)
+
+from constrained.admission import spec_of
+from constrained.options import Options
+from tests.parallel_run import AFTER_REFUSAL, BAD_OPTION
 from tests.ray_cluster import start_cluster
 from tests.test_parallel import BATCH, differing, run_layout
 
@@ -96,19 +100,35 @@ def test_ranks_hand_on_identical_logits(on_ray: dict[str, Any]) -> None:
         assert len(ranks[0]) > 0 and ranks[0] == ranks[1], stage
 
 
+def distinct_grammars(reqs: list[dict[str, Any]]) -> int:
+    """How many grammars the batch compiles: its requests' distinct constraints (the compile
+    cache's key, ``GrammarSpec``; the reasoning requests share the JSON schema's)."""
+    specs = {spec_of(Options.from_extra_args(r["options"])) for r in reqs if r["options"]}
+    return len(specs - {None})
+
+
 def test_each_node_loads_the_grammars_admission_compiled(on_ray: dict[str, Any]) -> None:
     """Our settings reached both nodes' workers from the driver (the nodes were started
-    without them): each rank wrote its stats, and found every grammar in the store that
-    admission wrote (one directory both nodes see, as a shared mount would be); none compiled."""
+    without them): each rank wrote its stats, and found every grammar of the batch in the
+    store that admission wrote (one directory both nodes see, as a shared mount would be);
+    none compiled."""
+    expected = distinct_grammars(on_ray["requests"])
+    assert expected > 0, "the batch has constraints"
     stats = on_ray["stats"]
     assert sorted(stats) == ["dp0-pp0-tp0", "dp0-pp0-tp1"]
     for s in stats.values():
         cache = s["compile_cache"]
-        assert cache["entries"] > 0 and cache["compiled"] == 0, cache
-        assert cache["loaded"] == cache["entries"], cache
+        assert (cache["entries"], cache["compiled"], cache["loaded"]) == (expected, 0, expected)
 
 
 def test_a_bad_option_is_refused_naming_it(on_ray: dict[str, Any]) -> None:
     (name,) = BAD_OPTION
     assert on_ray["refusal"].startswith("VLLMValidationError"), on_ray["refusal"]
     assert name in on_ray["refusal"], on_ray["refusal"]
+
+
+def test_the_engine_serves_after_the_refusal(on_ray: dict[str, Any]) -> None:
+    """The next request (the refused option, valid this time) runs to its ``max_tokens``."""
+    after = on_ray["after_refusal"]
+    assert after["finish_reason"] == "length", after
+    assert len(after["token_ids"]) == AFTER_REFUSAL["max_tokens"], after
