@@ -30,7 +30,8 @@ BUDGET: dict[str, int] = {
     "dry": 2,  # repeat lengths and candidates, then their atomic min (dry_kernel.py)
     "no_repeat_ngram": 1,  # one Triton program per row (ngram_kernel.py)
     "top_n_sigma": 5,  # 3 Triton launches for the bound (truncation_kernels.py), 1 mask
-    "typical_p": 11,  # 9 Triton launches for the bounds (truncation_kernels.py), 1 mask
+    "typical_p": 9,  # 7 Triton launches for the bounds, 6 reading the logits (were 9 and 8
+    # before #57's path histogram: truncation_kernels.py), 1 mask, 1 gather of typical_p
     "xtc": 4,  # 4 Triton passes: draw + top, sum, least qualifying, mask (truncation_kernels.py)
 }
 # vLLM's built-ins for the same options, for the record (asserted so the comparison holds).

@@ -4,6 +4,7 @@ mask strategies (host rows on CPU, tensor). V2 runs on vLLM's real sampler: ``te
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -301,10 +302,16 @@ def test_bad_values_are_refused_naming_the_field(extra: dict, field: str) -> Non
     assert f"'{field}'" in str(err.value)
 
 
+@functools.cache
+def typical_kernel_rows() -> dict:
+    """``tests/v2_real/typical_kernel_rows.py``'s results (one interpreter process, ~25 s)."""
+    return run_cases("typical_kernel_rows", "TYPICALROWS")
+
+
 def test_typical_p_kernel_matches_the_sorting_reference() -> None:
     """The Triton kernel that V2 (and V1 on CUDA) uses, run in Triton's interpreter in a fresh
     process, keeps the float64 sorting reference's tokens on vocabulary-sized rows."""
-    bounds = run_cases("typical_kernel_rows", "TYPICALROWS")
+    bounds = typical_kernel_rows()
     logits = typical_rows()
     for i, p in enumerate(TYPICAL_MASSES):
         row = logits[i]
@@ -319,6 +326,16 @@ def test_typical_p_kernel_matches_the_sorting_reference() -> None:
         differ = kept ^ got_ids
         assert all(abs(margin[t]) < NEAR for t in differ), (p, len(differ))
         assert got_ids, p
+
+
+def test_typical_p_kernel_has_the_six_level_searchs_bounds_bit_for_bit() -> None:
+    """The kernel's path histogram (4 passes of 64 buckets, #57) gives the bounds of the
+    six-level search it replaced (a pass a level: ``tests/v2_real/typical_levels_reference.py``),
+    bit for bit, on the rows above and on ties, peaked, flat, masked and multi-chunk rows:
+    the same tokens kept, in two fewer passes over the logits."""
+    result = typical_kernel_rows()
+    assert result["compared"] >= 30
+    assert result["differ"] == []
 
 
 TYPICAL_MASSES = [0.1, 0.5, 0.9, 0.95, 0.99, 0.3, 0.7, 0.999, 1.0, 0.2]

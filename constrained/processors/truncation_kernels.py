@@ -1,25 +1,38 @@
 """The truncation samplers' Triton kernels (Model Runner V2, and V1 on CUDA).
 
 - ``typical_bounds_kernel``: typical-p's bounds, the same search as
-  ``truncation_math.typical_bounds`` (read its docstring for the math) in ``3 + LEVELS``
-  launches and nothing ``[rows, vocab]``-sized. Each launch runs ``rows x splits`` programs,
-  one per chunk of a row (``CHUNK`` logits), so a small batch still fills the GPU:
+  ``truncation_math.typical_bounds`` (read its docstring for the math) in ``3 + PASSES`` = 7
+  launches, 6 of them reading the logits, and nothing ``[rows, vocab]``-sized. Each launch
+  runs ``rows x splits`` programs, one per chunk of a row (``CHUNK`` logits), so a small batch
+  still fills the GPU:
 
   1. pass 0: each chunk's top and bottom logit;
   2. pass 1: each chunk's ``sum(exp(l - top))`` and ``sum(exp(l - top) * (l - top))``;
-  3. passes 2 .. 1 + LEVELS: each chunk's ``BINS``-bucket histogram of ``d = |l - c|``
-     weighted by ``exp(l - top)``, over the range the previous levels narrowed down to, and
-     its mass below that range (16 buckets x 6 levels = the torch path's 4096 x 2 =
-     ``2**-24`` of the range of ``d``);
+  3. passes 2 .. 1 + PASSES: each chunk's ``BINS``-bucket histogram of the next 6 bits of
+     the tokens' paths (below), weighted by ``exp(l - top)``, over the tokens whose path
+     starts as the crossing one's, and the mass of the tokens whose path is below it;
   4. the last pass, one program per row: the bounds.
+
+  The search is ``LEVELS`` = 6 levels of ``DIGIT_BINS`` = 16 buckets over ``d = |l - c|``
+  (the torch path's 4096 x 2 = ``2**-24`` of the range of ``d``), each level over the bucket
+  of the level before where the running mass crosses ``typical_p``; until #57 each level was
+  a pass of its own (9 launches, 8 reading the logits). A token's *path* is the bucket its
+  own ``d`` falls in at each level, every level within the token's own bucket of the level
+  before, in the search's float32 arithmetic op for op: 24 bits. Paths are ordered as ``d``
+  is, so the path bucket where the running mass crosses is the crossing token's path, which
+  is the level search's buckets. Each histogram pass finds 6 more bits of it (4 passes x 64
+  buckets = 6 levels x 16), so the bounds are the level search's, bit for bit, but for a
+  float64 sum of masses within rounding of the target, as each sums in its own order
+  (``tests/v2_real/typical_kernel_rows.py`` checks them against that search, kept as
+  ``tests/v2_real/typical_levels_reference.py``).
 
   The masses (Z, each bucket, the mass below a range) are summed in float64: at
   ``typical_p`` near 1 the boundary lies in the far tail, where a token weighs ~1e-10 of Z,
   far below float32's rounding of a sum of Z. Every program first replays what the passes
   before it found, from their per-chunk results, in a fixed order: no atomics and no host
-  reads, so a row's bounds are the same on every rank and every run. Each level recounts
-  the mass below its range, so a token at a bucket edge is counted once per level, never
-  twice.
+  reads, so a row's bounds are the same on every rank and every run. A pass counts 64 buckets
+  a token where a level counted 16; from the third pass on, a block with no token inside the
+  crossing path's range skips them (docs/benchmarks.md: not yet timed on a GPU).
 
 - ``top_n_sigma_bounds_kernel``: top-n-sigma's bound in three launches of the same shape
   (the torch form is ~16 ops with ``[rows, vocab]`` temporaries).
@@ -44,18 +57,22 @@ from vllm.triton_utils import tl, triton
 
 from constrained.processors.truncation_math import FLOAT32_UNDERFLOW, TYPICAL_MARGIN
 
-BINS = 16
-LEVELS = 6  # BINS ** LEVELS == 4096 ** 2, the torch path's resolution
+DIGIT_BINS = 16  # the search: 16 buckets a level ...
+LEVELS = 6  # ... 6 levels deep: 16 ** 6 == 4096 ** 2, the torch path's resolution
+BINS = 64  # buckets a histogram pass: 6 bits of a token's 24-bit path
+PASSES = 4  # histogram passes: 4 x 6 bits = 6 levels x 4 bits
+assert BINS**PASSES == DIGIT_BINS**LEVELS
 # Triton's interpreter (the CPU V2 tests) runs each block op in numpy: wide blocks, few ops.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 8192 if _INTERPRETED else 1024
+HIST_BLOCK = 16384 if _INTERPRETED else 256  # a histogram pass's [BINS, block] one-hot
 CHUNK = 32768 if _INTERPRETED else 8192  # logits per program and pass
 MASK_BLOCK = 8192 if _INTERPRETED else 2048
 
 
-def _block(vocab: int) -> int:
+def _block(vocab: int, widest: int = BLOCK) -> int:
     """A block no wider than the row (a narrow vocabulary under the interpreter)."""
-    return min(BLOCK, triton.next_power_of_2(vocab))
+    return min(widest, triton.next_power_of_2(vocab))
 
 
 @triton.jit
@@ -79,11 +96,12 @@ def _replay(
     DONE: tl.constexpr,
     UNDERFLOW: tl.constexpr,
     BINS: tl.constexpr,
-    LEVELS: tl.constexpr,
+    PASSES: tl.constexpr,
     SPLIT_P2: tl.constexpr,
 ):
-    """What the passes before this one found for ``row``: top, c (shifted), the current
-    range ``[lo, lo + width)`` of ``d`` and the target mass. ``DONE`` levels are replayed."""
+    """What the passes before this one found for ``row``: top, c (shifted), the range of
+    ``d``, the target mass and the crossing path's first ``DONE`` digits of ``BINS`` buckets
+    (an integer; ``DONE`` histogram passes are replayed)."""
     s = tl.arange(0, SPLIT_P2)
     ok = s < nsplit
     stats = stats_ptr + (row * nsplit + s) * 4
@@ -95,20 +113,36 @@ def _replay(
     width = tl.maximum(tl.maximum(-centre, centre - bottom), 1e-3)
     total64 = tl.sum(tl.load(totals_ptr + row * nsplit + s, mask=ok, other=0.0), 0)
     target = tl.load(mass_ptr + row).to(tl.float64) * total64
-    lo = centre * 0.0
+    path = 0
     bins = tl.arange(0, BINS)
-    for level in tl.static_range(DONE):
-        step = width / BINS
-        cells = hist_ptr + ((row * LEVELS + level) * nsplit + s[:, None]) * BINS + bins[None, :]
+    for done in tl.static_range(DONE):
+        cells = hist_ptr + ((row * PASSES + done) * nsplit + s[:, None]) * BINS + bins[None, :]
         hist = tl.sum(tl.load(cells, mask=ok[:, None], other=0.0), 0)
         below = tl.sum(
-            tl.load(below_ptr + (row * LEVELS + level) * nsplit + s, mask=ok, other=0.0), 0
+            tl.load(below_ptr + (row * PASSES + done) * nsplit + s, mask=ok, other=0.0), 0
         )
         running = below + tl.cumsum(hist, 0)
         crossing = tl.minimum(tl.sum((running <= target).to(tl.int32), 0), BINS - 1)
-        lo = lo + crossing.to(tl.float32) * step
+        path = path * BINS + crossing
+    return top, centre, width, target, path
+
+
+@triton.jit
+def _token_paths(distance, width, DEPTH: tl.constexpr, DIGIT_BINS: tl.constexpr):
+    """Each token's path: its bucket at each of the search's first ``DEPTH`` levels, each
+    level within the token's own bucket of the level before (an integer of ``DEPTH`` digits
+    of ``DIGIT_BINS``). The float32 arithmetic is the search's, op for op (below its range:
+    bucket 0; above it: the last), so the crossing token's path is the search's buckets."""
+    lo = distance * 0.0
+    path = tl.zeros(distance.shape, tl.int32)
+    for _level in tl.static_range(DEPTH):
+        step = width / DIGIT_BINS
+        scaled = (distance - lo) / step
+        digit = tl.minimum(tl.maximum(scaled, 0.0), DIGIT_BINS - 1).to(tl.int32)
+        path = path * DIGIT_BINS + digit
+        lo = lo + digit.to(tl.float32) * step
         width = step
-    return top, centre, lo, width, target
+    return path
 
 
 @triton.jit
@@ -127,9 +161,14 @@ def _typical_pass_kernel(
     MARGIN: tl.constexpr,
     UNDERFLOW: tl.constexpr,
     BINS: tl.constexpr,
+    BITS: tl.constexpr,
+    PASSES: tl.constexpr,
+    DIGIT_BINS: tl.constexpr,
+    DIGIT_BITS: tl.constexpr,
     LEVELS: tl.constexpr,
     SPLIT_P2: tl.constexpr,
     BLOCK: tl.constexpr,
+    HIST_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -165,36 +204,46 @@ def _typical_pass_kernel(
         tl.store(stats + 2, tl.sum(total_acc, 0).to(tl.float32))
         tl.store(totals_ptr + row * nsplit + part, tl.sum(total_acc, 0))
         tl.store(stats + 3, tl.sum(moment_acc, 0))
-    elif PASS < 2 + LEVELS:  # the chunk's histogram at level PASS - 2
-        top, centre, lo, width, _t = _replay(
+    elif PASS < 2 + PASSES:  # the chunk's histogram of the path's next digit of BINS
+        top, centre, width, _target, known = _replay(
             row, mass_ptr, stats_ptr, totals_ptr, hist_ptr, below_ptr, nsplit, PASS - 2,
-            UNDERFLOW, BINS, LEVELS, SPLIT_P2,
+            UNDERFLOW, BINS, PASSES, SPLIT_P2,
         )  # fmt: skip
-        step = width / BINS
+        # the bits this pass and the ones before find span ``depth`` levels (and ``spare``
+        # bits of a level that the next pass finds)
+        depth: tl.constexpr = (BITS * (PASS - 1) + DIGIT_BITS - 1) // DIGIT_BITS
+        spare: tl.constexpr = DIGIT_BITS * depth - BITS * (PASS - 1)
+        hoffs = tl.arange(0, HIST_BLOCK)
         bins = tl.arange(0, BINS)
-        hist = tl.zeros([BINS], tl.float64)
-        below_acc = tl.zeros([BLOCK], tl.float64)
-        for start in range(first, tl.minimum(first + CHUNK, vocab), BLOCK):
-            idx = start + offs
+        hist = tl.zeros([BINS, HIST_BLOCK], tl.float64)  # summed once, at the chunk's end
+        below_acc = tl.zeros([HIST_BLOCK], tl.float64)
+        for start in range(first, tl.minimum(first + CHUNK, vocab), HIST_BLOCK):
+            idx = start + hoffs
             x = tl.load(base + idx, mask=idx < vocab, other=float("-inf"))
             shifted = x - top
-            weight = tl.exp(shifted)
+            weight = tl.exp(shifted).to(tl.float64)
             distance = tl.abs(tl.maximum(shifted, -UNDERFLOW) - centre)
-            scaled = (distance - lo) / step
-            weight = weight.to(tl.float64)
-            below_acc += tl.where(scaled < 0, weight, 0.0)
-            bucket = tl.minimum(scaled, BINS - 1).to(tl.int32)  # floor: scaled >= 0 here
-            hit = (bucket[:, None] == bins[None, :]) & (scaled >= 0)[:, None]
-            hist += tl.sum(tl.where(hit, weight[:, None], 0.0), 0)
-        cell = ((row * LEVELS + PASS - 2) * nsplit + part) * BINS
-        tl.store(hist_ptr + cell + bins, hist)
+            path = _token_paths(distance, width, depth, DIGIT_BINS) >> spare
+            prefix = path >> BITS  # to compare with what the passes before found
+            below_acc += tl.where(prefix < known, weight, 0.0)
+            digit = tl.where(prefix == known, path & (BINS - 1), BINS)  # BINS: outside
+            if tl.min(digit, 0) < BINS:  # after two passes, few blocks hold a token inside
+                hist = tl.where(bins[:, None] == digit[None, :], hist + weight[None, :], hist)
+        cell = ((row * PASSES + PASS - 2) * nsplit + part) * BINS
+        tl.store(hist_ptr + cell + bins, tl.sum(hist, 1))
         below = tl.sum(below_acc, 0)
-        tl.store(below_ptr + (row * LEVELS + PASS - 2) * nsplit + part, below)
+        tl.store(below_ptr + (row * PASSES + PASS - 2) * nsplit + part, below)
     else:  # one program per row: the bounds; the last crossing bucket is kept whole
-        top, centre, lo, width, _t = _replay(
-            row, mass_ptr, stats_ptr, totals_ptr, hist_ptr, below_ptr, nsplit, LEVELS,
-            UNDERFLOW, BINS, LEVELS, SPLIT_P2,
+        top, centre, width, _t, path = _replay(
+            row, mass_ptr, stats_ptr, totals_ptr, hist_ptr, below_ptr, nsplit, PASSES,
+            UNDERFLOW, BINS, PASSES, SPLIT_P2,
         )  # fmt: skip
+        lo = centre * 0.0
+        for level in tl.static_range(LEVELS):  # the crossing path's buckets, level by level
+            step = width / DIGIT_BINS
+            digit = (path >> (DIGIT_BITS * (LEVELS - 1 - level))) & (DIGIT_BINS - 1)
+            lo = lo + digit.to(tl.float32) * step
+            width = step
         middle = (top + centre).to(tl.float64)
         radius = (lo + width).to(tl.float64)
         radius = radius + MARGIN * (tl.abs(middle) + radius + 1.0)
@@ -206,7 +255,8 @@ def _typical_pass_kernel(
 def typical_bounds_kernel(
     logits: torch.Tensor, mass: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``truncation_math.typical_bounds`` in ``3 + LEVELS`` launches: ``(low, high)`` float32.
+    """``truncation_math.typical_bounds`` in ``3 + PASSES`` = 7 launches, 6 reading the
+    logits: ``(low, high)`` float32 (the module's docstring has the passes).
 
     Args:
         logits: [rows, vocab] float32 on a Triton device (rows contiguous in the last dim).
@@ -222,16 +272,18 @@ def typical_bounds_kernel(
     nsplit = triton.cdiv(vocab, CHUNK)
     stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=device)
     totals = torch.empty(rows, nsplit, dtype=torch.float64, device=device)
-    hist = torch.empty(rows, LEVELS, nsplit, BINS, dtype=torch.float64, device=device)
-    below = torch.empty(rows, LEVELS, nsplit, dtype=torch.float64, device=device)
+    hist = torch.empty(rows, PASSES, nsplit, BINS, dtype=torch.float64, device=device)
+    below = torch.empty(rows, PASSES, nsplit, dtype=torch.float64, device=device)
     mass = mass.to(torch.float32)
     fixed = {"MARGIN": TYPICAL_MARGIN, "UNDERFLOW": FLOAT32_UNDERFLOW, "BINS": BINS,
-             "LEVELS": LEVELS, "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab),
-             "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
+             "BITS": BINS.bit_length() - 1, "PASSES": PASSES, "DIGIT_BINS": DIGIT_BINS,
+             "DIGIT_BITS": DIGIT_BINS.bit_length() - 1, "LEVELS": LEVELS,
+             "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab),
+             "HIST_BLOCK": _block(vocab, HIST_BLOCK), "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
     args = (logits, logits.stride(0), vocab, mass, stats, totals, hist, below, low, high)
-    for p in range(2 + LEVELS):
+    for p in range(2 + PASSES):
         _typical_pass_kernel[(rows, nsplit)](*args, PASS=p, **fixed)
-    _typical_pass_kernel[(rows, 1)](*args, PASS=2 + LEVELS, **fixed)
+    _typical_pass_kernel[(rows, 1)](*args, PASS=2 + PASSES, **fixed)
     return low, high
 
 
