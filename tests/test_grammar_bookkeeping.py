@@ -139,3 +139,38 @@ def test_v1_rows_get_exactly_the_reference_mask(vocab, config, seed):
             finished += token == vocab.eos_token_id and bool(extra)
             req.output.append(token)
     assert checked > 300 and finished > 5
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_xgrammar_batched_fill_writes_each_rows_own_mask(vocab, monkeypatch, threads):
+    """``XGrammarMatcher.fill_many`` (one call of xgrammar's batch fill, in one thread or
+    several) writes exactly the rows ``fill`` writes one by one: matchers at different
+    points, one finished by end-of-sequence, one failed, rows out of order, over a bitmask's
+    stale contents."""
+    from constrained.grammars import xgrammar_backend
+
+    if threads > 1:
+        monkeypatch.setattr(xgrammar_backend, "PARALLEL_ABOVE", 1)
+        monkeypatch.setattr(xgrammar_backend, "FILL_THREADS", threads)
+    schema = json.loads(CONSTRAINTS[3]["json_schema"])
+    grammar = compile_now(GrammarSpec("json_schema", json.dumps(schema), "xgrammar"), vocab)
+    tokens = vocab.hf_tokenizer.encode('{"k":22}', add_special_tokens=False)
+    matchers = []
+    for n in range(len(tokens) + 1):
+        matcher = grammar.matcher()
+        assert matcher.consume(tokens[:n])
+        matchers.append(matcher)
+    ended = grammar.matcher()
+    assert ended.consume([*tokens, vocab.eos_token_id]) and ended.inner.is_terminated()
+    failed = grammar.matcher()
+    assert not failed.consume(vocab.hf_tokenizer.encode("[", add_special_tokens=False))
+    matchers += [ended, failed]
+    rows = list(range(len(matchers)))
+    random.Random(0).shuffle(rows)
+    pairs = list(zip(matchers, rows, strict=True))
+    want = torch.zeros(len(rows) + 2, words_for(WIDTH), dtype=torch.int32)
+    for matcher, row in pairs:
+        matcher.fill(want, row)
+    bitmask = torch.full_like(want, -1)
+    type(matchers[0]).fill_many(pairs, bitmask)
+    assert torch.equal(bitmask[rows], want[rows])

@@ -48,7 +48,8 @@ The optional hooks (defaults here; a layer overrides what it knows):
   rows at once), or a layer that writes this step's row alone (the gate while thinking: its
   forced marker token).
 - ``fill_many(pairs, bitmask)`` (classmethod of a bottom matcher): write each
-  ``(matcher, row)``'s row; llguidance does it in its thread pool.
+  ``(matcher, row)``'s row; llguidance does it in its thread pool, xgrammar in one call of its
+  ``BatchGrammarMatcher``.
 - ``suffixes() -> list[list[int]]``: completions the stack knows from its state (closing's
   witnesses), kept for the same request's next stack when vLLM preempts it
   (``build_stack``'s ``hints``).

@@ -26,7 +26,9 @@ take 1.5 s to write, so a quick compile is cheaper to repeat in the engine.
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +223,30 @@ class XGrammarMatcher(Matcher):
     def accepts_end(self) -> bool:
         return self.error is None and self.inner.is_completed()
 
+    @classmethod
+    def fill_many(cls, pairs: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
+        """Each row as ``fill`` writes it; the live rows in one call of xgrammar's
+        ``BatchGrammarMatcher`` instead of a Python call each, in several of its threads
+        above ``PARALLEL_ABOVE`` rows, as vLLM's own fill (half the cores, at most 8). On the
+        2-core machine (one thread) that saves the per-row calls only: 1,024 3-field rows
+        about 25 against 26 ms of CPU, the masks' own work most of it. One row, or a
+        bitmask the batch call does not take, is filled row by row."""
+        if len(pairs) < 2 or not _batch_fills(bitmask):
+            super().fill_many(pairs, bitmask)
+            return
+        live: list[Any] = []
+        rows: list[int] = []
+        for matcher, row in pairs:
+            inner = matcher.inner  # type: ignore[attr-defined]
+            if matcher.error is not None or inner.is_terminated():
+                fill_only(bitmask, row, [matcher.eos])  # type: ignore[attr-defined]
+            else:
+                live.append(inner)
+                rows.append(row)
+        if live:
+            threads = 1 if len(live) <= PARALLEL_ABOVE else FILL_THREADS
+            _batch_matcher(threads).batch_fill_next_token_bitmask(live, bitmask, rows)
+
     def forced(self) -> list[int]:
         """The tokens of the text the grammar forces next (xgrammar's jump-forward string,
         as the tokenizer writes it: the caller keeps the prefix the matcher accepts); none
@@ -233,6 +259,37 @@ class XGrammarMatcher(Matcher):
         except UnicodeDecodeError:
             return []
         return list(self.encode(text, add_special_tokens=False)) if text else []
+
+
+# vLLM's StructuredOutputManager fills more than 128 rows in a pool of half the cores (at most
+# 8 threads), fewer serially; the batched xgrammar fill does the same.
+PARALLEL_ABOVE = 128
+FILL_THREADS = max(1, min((os.cpu_count() or 1) // 2, 8))
+_BATCH = threading.local()  # per filling thread: its BatchGrammarMatcher per thread count
+
+
+def _batch_matcher(threads: int) -> Any:
+    """This thread's ``xgrammar.BatchGrammarMatcher`` of ``threads`` threads."""
+    held = _BATCH.__dict__.setdefault("matchers", {})
+    batch = held.get(threads)
+    if batch is None:
+        import xgrammar
+
+        batch = held[threads] = xgrammar.BatchGrammarMatcher(threads)
+    return batch
+
+
+def _batch_fills(bitmask: torch.Tensor) -> bool:
+    """Whether ``bitmask`` is what the batch call takes: a contiguous 2-D int32 host
+    tensor."""
+    import torch
+
+    return (
+        bitmask.is_cpu
+        and bitmask.dtype == torch.int32
+        and bitmask.dim() == 2
+        and bitmask.is_contiguous()
+    )
 
 
 def enforced_schema(schema: Any, where: str = "") -> str:

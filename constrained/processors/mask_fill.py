@@ -127,7 +127,8 @@ class MaskWriter:
     It drives each request's stack (``grammars/matcher.py``: consume, fill, draft look-aheads
     undone by rollback) and knows no layer by name: a free row (``free()``: a thinking row)
     gets no mask, only its ``bans()``; the other rows are written by their bottom matcher's
-    ``fill_many`` (llguidance: in its thread pool), then each stack's ``narrow``.
+    ``fill_many`` (llguidance: in its thread pool; xgrammar: one batch call), then each stack's
+    ``narrow``.
     """
 
     def __init__(self, vocab: Vocab, device: torch.device) -> None:
