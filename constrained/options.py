@@ -137,6 +137,12 @@ class Options(BaseModel):
         penalty_scope: which tokens the penalties count. ``default`` is vLLM's: repetition
             over prompt and output, frequency and presence over output. ``output``: all three
             over output only. ``prompt_and_output``: all three over prompt and output.
+        penalize_structure: with a constraint. ``False`` (default): the penalties count
+            and penalize only content (``grammars/content.py``): tokens the model chose on
+            an open row (inside a JSON string value, thinking, wide free text); rows where
+            the grammar decides (keys, punctuation, enum values, forced tokens) keep the
+            logits they would have with no penalty. ``True``: every output token, as
+            without a constraint.
         json_schema: the output must be JSON valid against this schema (a JSON string, a
             dict, or offline a pydantic model class).
         regex: the output must match this regular expression in full.
@@ -210,6 +216,7 @@ class Options(BaseModel):
     presence_penalty: Number | None = None
     penalty_last_n: StrictInt | None = None
     penalty_scope: PenaltyScope | None = None
+    penalize_structure: StrictBool | None = None
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None
@@ -258,7 +265,11 @@ class Options(BaseModel):
         return value
 
     @field_validator(
-        "json_object", "disable_additional_properties", "close_at_max_tokens", mode="before"
+        "json_object",
+        "disable_additional_properties",
+        "close_at_max_tokens",
+        "penalize_structure",
+        mode="before",
     )
     @classmethod
     def _bool_from_xargs(cls, value: Any) -> Any:
@@ -395,6 +406,12 @@ class Options(BaseModel):
             or self.no_repeat_ngram_size is not None
         )
 
+    def spares_structure(self) -> bool:
+        """Whether the penalties count and penalize only content (``penalize_structure``)."""
+        return (
+            self.constraint() is not None and not self.penalize_structure and self.has_penalties()
+        )
+
     def has_dry(self) -> bool:
         return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0
 
@@ -499,6 +516,12 @@ def _check_requirements(options: Options) -> None:
     for name, needs in REQUIRES.items():
         if getattr(options, name) is not None and getattr(options, needs) is None:
             raise OptionError(name, f"has no effect without {needs}")
+    if options.penalize_structure is not None and options.constraint() is None:
+        raise OptionError(
+            "penalize_structure",
+            "has no effect without a constraint (json_schema, regex, grammar, choice, "
+            "json_object or structural_tag): without one every token is content",
+        )
 
 
 def _check_token_ids(options: Options, logits_width: int) -> None:

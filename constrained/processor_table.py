@@ -6,10 +6,13 @@ agrees).
 Names only, no imports: ``import constrained`` stays light, and the table imports nothing
 that imports it.
 
-The order is the application order (vLLM applies custom processors in list order): bias and
-penalties, then the grammar mask, then the bans and truncation samplers in llama.cpp's order
-(they see only tokens the grammar allows, and never remove the last of them), then min-p
-(after temperature on V1).
+The order is the application order (vLLM applies custom processors in list order): the
+grammar mask first, then bias and penalties, then the bans and truncation samplers in
+llama.cpp's order, then min-p (after temperature on V1). Everything after the mask sees only
+the tokens the grammar allows: a bias or penalty is a finite push and a masked logit is -inf,
+so they commute with the mask (the same logits as applying them before it), and the
+penalties can read which rows the grammar leaves open (``content_rows.py``); the bans and
+truncation samplers never remove the last allowed token.
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ class Processor:
 
 
 PROCESSORS: tuple[Processor, ...] = (
-    Processor("constrained.processors.logit_bias", "LogitBiasProcessor",
-              "constrained_1_logit_bias", reads_output_tokens=False),
-    Processor("constrained.processors.penalties", "PenaltiesProcessor",
-              "constrained_2_penalties", reads_output_tokens=True),
-    Processor("constrained.processors.dry", "DryProcessor",
-              "constrained_3_dry", reads_output_tokens=True),
     Processor("constrained.processors.grammar_mask", "GrammarMaskProcessor",
-              "constrained_4_grammar", reads_output_tokens=True),
+              "constrained_1_grammar", reads_output_tokens=True),
+    Processor("constrained.processors.logit_bias", "LogitBiasProcessor",
+              "constrained_2_logit_bias", reads_output_tokens=False),
+    Processor("constrained.processors.penalties", "PenaltiesProcessor",
+              "constrained_3_penalties", reads_output_tokens=True),
+    Processor("constrained.processors.dry", "DryProcessor",
+              "constrained_4_dry", reads_output_tokens=True),
     Processor("constrained.processors.no_repeat_ngram", "NoRepeatNGramProcessor",
               "constrained_5_no_repeat_ngram", reads_output_tokens=True),
     Processor("constrained.processors.top_n_sigma", "TopNSigmaProcessor",

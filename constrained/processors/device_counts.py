@@ -93,7 +93,9 @@ class DevicePenaltyCounts:
         "window": Column(torch.int32, 0),  # penalty_last_n, 0: no window
     }
 
-    def __init__(self, slots: SlotTable, layout: Any, max_new_per_step: int) -> None:
+    def __init__(
+        self, slots: SlotTable, layout: Any, max_new_per_step: int, content: Any = None
+    ) -> None:
         self.slots = slots
         self.req_states = layout.req_states
         self.counts = DeviceCounts(self.req_states, max_new_per_step)
@@ -104,6 +106,7 @@ class DevicePenaltyCounts:
         return {"unit": prompt_unit(options), "window": options.penalty_last_n or 0}
 
     def add(self, slot: int, options: Options, tokens: None) -> None:
+        # TODO(#56): penalize_structure=false under V2: counts fed from the grammar's tracker.
         values = self.slot_values(options)
         self.counts.add(slot, values["window"], values["unit"])
 

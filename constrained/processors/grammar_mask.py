@@ -22,6 +22,7 @@ from constrained.grammars.marker import marker_for
 from constrained.grammars.reasoning_gate import Thinking
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.content_rows import content_rows_for
 from constrained.processors.functional import apply_token_bitmask
 from constrained.processors.mask_fill import (
     MaskWriter,
@@ -67,6 +68,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         super().__init__(vllm_config, *runner_args)
         self.vllm_config = vllm_config
         self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
+        content_rows_for(self.layout, vllm_config).publish(self.slots)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for a missing attribute: once built, the parts are plain attributes.
@@ -106,8 +108,12 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.slots.write(slot, constrained=True)
         limit = params.max_tokens if closes_at_budget(options, params) else None
         state = RowState(spec, compiled, output_ids, limit)
+        old = self.resumed.swap(params, state)  # a preempted run of this request, if any
         if limit is not None:
-            state.hints = self.resumed.hints_for(params, state)
+            state.hints = self.resumed.hints(old)
+        if options.spares_structure():  # its penalties read which tokens are content
+            json = spec.kind == "json_schema"
+            state.content, state.content_read = self.resumed.content(old, json)
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
             # Its own stop tokens end it too (the generation config's other end-of-sequence

@@ -27,6 +27,7 @@ import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
+from constrained.grammars.content import ContentTracker, open_row
 from constrained.grammars.matcher import Matcher, fill_only, words_for
 from constrained.grammars.stack import GrammarRow, build_stack
 from constrained.processors.runners import Rows
@@ -50,6 +51,8 @@ class RowState:
     thinking: Thinking | None = None  # its gate, if it thinks first (built with the stack)
     row: GrammarRow | None = None  # the stack and its gate (grammars/stack.py)
     hints: list[list[int]] = field(default_factory=list)  # a preempted run's completions
+    content: ContentTracker | None = None  # which tokens are content (penalty scope)
+    content_read: int = 0  # output tokens the tracker has read (it may come from a preempted run)
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
 
@@ -109,16 +112,30 @@ class ResumeShelf:
         self.size = size
         self._held: dict[int, tuple[object, RowState]] = {}
 
-    def hints_for(self, params: object, state: RowState) -> list[list[int]]:
+    def swap(self, params: object, state: RowState) -> RowState | None:
+        """Keep ``state`` for ``params``; return the state kept before for the same params
+        object (a preempted run), if any."""
         held = self._held.pop(id(params), None)
         self._held[id(params)] = (params, state)
         while len(self._held) > self.size:
             del self._held[next(iter(self._held))]
-        if held is None or held[0] is not params:
+        return held[1] if held is not None and held[0] is params else None
+
+    @staticmethod
+    def hints(old: RowState | None) -> list[list[int]]:
+        """The completions a preempted run's stack knew (``Matcher.suffixes``: closing's)."""
+        if old is None:
             return []
-        old = held[1]
         known = old.matcher.suffixes() if old.matcher is not None else []
         return (known + old.hints)[:512]  # bounded across repeated preemptions
+
+    @staticmethod
+    def content(old: RowState | None, json: bool) -> tuple[ContentTracker, int]:
+        """The preempted run's content tracker and how many output tokens it had read (its
+        rows' classes are not recomputed: a fresh tracker would call them all structure)."""
+        if old is None or old.content is None:
+            return ContentTracker(json), 0
+        return old.content, old.content_read
 
 
 class MaskWriter:
@@ -144,6 +161,13 @@ class MaskWriter:
         # request's); their bans as (row, token) pairs, for one indexed write.
         self.free: list[int] = []
         self.banned: tuple[list[int], list[int]] = ([], [])
+        # Masked rows whose request tracks content, classified once written (drafts: the
+        # draft tokens' bytes before the row).
+        self._classify: list[tuple[RowState, int, list[bytes] | None]] = []
+
+    @property
+    def _token_bytes(self) -> list[bytes]:
+        return self.vocab.token_bytes()
 
     def start_step(self) -> None:
         self.free = []
@@ -163,15 +187,51 @@ class MaskWriter:
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)
                 state.consumed += len(new)
+                self._read_content(state, new)
                 if state.free():
                     self._free_row(state, row)
+                    self._sampled(state, True, True)
                 else:
                     self._queued.append((matcher, row))
+                    self._classify.append((state, row, None))
                 return
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
             state.fail()
         fill_only(self.bitmask, row, [self.eos])
+        self._sampled(state, False, False)
+
+    # ---- content classes (``grammars/content.py``): only for requests that track them ----
+
+    def _read_content(self, state: RowState, new: list[int]) -> None:
+        """The request's tracker reads the tokens that came, against the rows they were
+        sampled from; the rows no token came from (rejected drafts) are dropped."""
+        tracker = state.content
+        if tracker is None:
+            return
+        done = state.content_read - (state.consumed - len(new))  # read by a preempted run
+        data = self._token_bytes
+        for token in new[max(done, 0) :]:
+            tracker.read(token, data[token] if 0 <= token < len(data) else b"")
+        state.content_read = max(state.content_read, state.consumed)
+        tracker.end_step()
+
+    @staticmethod
+    def _sampled(state: RowState, open_: bool, free: bool) -> None:
+        if state.content is not None:
+            state.content.row_sampled(open_, free)
+
+    def _classify_rows(self) -> None:
+        """Each masked row of a tracking request: open when wide enough (and, JSON, inside a
+        string value), by its mask's popcount."""
+        pending, self._classify = self._classify, []
+        for state, row, drafts in pending:
+            tracker = state.content
+            if tracker is None:
+                continue
+            allowed = int(np.bitwise_count(self.bitmask[row].numpy().view(np.uint32)).sum())
+            in_value = tracker.in_value() if drafts is None else tracker.in_value_after(drafts)
+            tracker.row_sampled(open_row(allowed, self.vocab.width, in_value), False)
 
     def _free_row(self, state: RowState, row: int) -> None:
         self.free.append(row)
@@ -201,10 +261,15 @@ class MaskWriter:
             accepted = matcher.try_consume(tokens)
             if accepted < len(tokens):  # an earlier draft is already masked: this row's
                 fill_only(self.bitmask, row, [self.eos])  # sample is discarded
+                self._sampled(state, False, False)
             elif state.free():
                 self._free_row(state, row)
+                self._sampled(state, True, True)
             else:
                 matcher.fill(self.bitmask, row)
+                data = self._token_bytes
+                self._classify.append((state, row, [data[t] for t in tokens]))
+                self._classify_rows()
             matcher.rollback(accepted)
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
@@ -230,6 +295,7 @@ class MaskWriter:
                 logger.exception("constrained: a grammar row's layer failed; ending the request")
                 matcher.error = "a grammar row's layer failed"
                 fill_only(self.bitmask, row, [self.eos])
+        self._classify_rows()
         drafts, self._drafts = self._drafts, []
         for state, row, tokens in drafts:
             self._fill_after(state, row, tokens)

@@ -13,6 +13,7 @@ import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.content_rows import content_rows_for
 from constrained.processors.device_counts import DevicePenaltyCounts
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
@@ -47,7 +48,7 @@ class PenaltiesProcessor(DualInterfaceProcessor):
     FUSES = "penalties"
     OPTIONS = frozenset(
         {"repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n",
-         "penalty_scope"}
+         "penalty_scope", "penalize_structure"}
     )  # fmt: skip
 
     def columns(self) -> dict[str, Column]:
@@ -65,7 +66,9 @@ class PenaltiesProcessor(DualInterfaceProcessor):
         super().__init__(vllm_config, *runner_args)
         spec = getattr(vllm_config, "speculative_config", None)
         drafts = getattr(spec, "num_speculative_tokens", 0) or 0
-        self.counts = self._counts_class()(self.slots, self.layout, 1 + drafts)
+        # The grammar's content classes, for requests that spare the structure.
+        content = content_rows_for(self.layout, vllm_config)
+        self.counts = self._counts_class()(self.slots, self.layout, 1 + drafts, content)
 
     def is_argmax_invariant(self) -> bool:
         return False

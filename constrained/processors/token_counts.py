@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from constrained.grammars.content import ContentTracker
 from constrained.options import Options
+from constrained.processors.content_rows import ContentRows
 from constrained.processors.functional import apply_sparse_penalties, pad_like_first
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column, SlotTable
@@ -46,6 +48,11 @@ class TokenHistory:
     prompt_target: str | None
     columns: dict[int, int] = field(default_factory=dict)  # token id -> column
     counted: int = 0  # output tokens already counted
+    spares_structure: bool = False
+    # Then the grammar's content tracker (bound at the first apply: the grammar's slot table
+    # has taken the whole batch update by then), whose ``tokens`` stand for the output and
+    # whose ``row_open`` says whether to penalize this step's row.
+    tracker: ContentTracker | None = None
 
     @classmethod
     def start(
@@ -56,7 +63,18 @@ class TokenHistory:
             output=output,
             window=options.penalty_last_n or 0,
             prompt_target=PROMPT_TARGET[options.penalty_scope or "default"],
+            spares_structure=options.spares_structure(),
         )
+
+    def bind(self, tracker: ContentTracker | None) -> None:
+        """Count the tracker's content tokens instead of the whole output."""
+        if tracker is None:  # (the grammar processor is not loaded: admission refuses this)
+            raise RuntimeError("constrained: penalize_structure=false needs the grammar processor")
+        self.tracker, self.output = tracker, tracker.tokens
+
+    def spared(self) -> bool:
+        """This step's row is structure: the penalties leave it as it is."""
+        return self.tracker is not None and not self.tracker.row_open()
 
     def token_at(self, position: int) -> int:
         n_prompt = len(self.prompt)
@@ -122,8 +140,11 @@ class HostPenaltyCounts:
         "prompt_counts": Column(torch.int32, 0, width=16),
     }
 
-    def __init__(self, slots: SlotTable, layout: Any, max_new_per_step: int) -> None:
+    def __init__(
+        self, slots: SlotTable, layout: Any, max_new_per_step: int, content: ContentRows
+    ) -> None:
         self.slots = slots
+        self.content = content
 
     def slot_values(self, options: Options) -> dict[str, int]:
         return {}
@@ -135,8 +156,18 @@ class HostPenaltyCounts:
         """Nothing to stage: V1 never calls ``apply_staged_writes``."""
 
     def apply(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-        self._catch_up(np.flatnonzero(self.slots.active[: rows.count]))
+        spared = self._catch_up(np.flatnonzero(self.slots.active[: rows.count]))
         gather = self.slots.gather
+        repetition = gather("repetition", rows)
+        frequency = gather("frequency", rows)
+        presence = gather("presence", rows)
+        if spared:  # structure rows: the neutral values leave every logit's bits as they are
+            keep = torch.ones(rows.count, dtype=torch.bool)
+            keep[spared] = False
+            keep = keep.to(repetition.device)
+            repetition = torch.where(keep, repetition, 1.0)
+            frequency = torch.where(keep, frequency, 0.0)
+            presence = torch.where(keep, presence, 0.0)
         token_ids, output_counts, prompt_counts = pad_like_first(
             gather("used", rows),
             gather("token_ids", rows),
@@ -144,24 +175,26 @@ class HostPenaltyCounts:
             gather("prompt_counts", rows),
         )
         return apply_sparse_penalties(
-            logits,
-            token_ids,
-            output_counts,
-            prompt_counts,
-            gather("repetition", rows),
-            gather("frequency", rows),
-            gather("presence", rows),
+            logits, token_ids, output_counts, prompt_counts, repetition, frequency, presence
         )
 
-    def _catch_up(self, slots: np.ndarray) -> None:
-        """Count the tokens each request produced since the last step."""
+    def _catch_up(self, slots: np.ndarray) -> list[int]:
+        """Count the tokens each request produced since the last step; return the rows
+        whose request spares the structure and whose row is structure this step."""
         writes = PendingWrites()
         payload = self.slots.payload
+        spared = []
         for slot in slots.tolist():
-            payload[slot].catch_up(slot, writes)
+            history = payload[slot]
+            if history.spares_structure and history.tracker is None:
+                history.bind(self.content.tracker(slot))
+            history.catch_up(slot, writes)
+            if history.spared():
+                spared.append(slot)
         table = self.slots
         table.scatter("token_ids", *writes.new_ids, add=False)
         for name, (slots_, cols, deltas) in writes.deltas.items():
             table.scatter(name, slots_, cols, deltas, add=True)
         table.assign("used", *writes.used)
         table.flush()
+        return spared

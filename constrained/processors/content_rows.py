@@ -1,0 +1,60 @@
+"""One runner's content classes, from its grammar processor to the repetition family (#56).
+
+The grammar processor runs first of ours (``processor_table.py``), so when the penalties,
+DRY and no-repeat-ngram run, this step's masks are written and each constrained request's
+``ContentTracker`` (``grammars/content.py``) has read every token it will see: which tokens
+were content, and whether the row about to be sampled is open. The grammar processor
+publishes its slot table here; the others read a slot's tracker. No processor reads
+another's attributes.
+
+A runner is its V2 request state, or under V1 its ``VllmConfig`` (one per engine core),
+held by a weak reference, as ``fused_pass.py`` keys its pass.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from constrained.grammars.content import ContentTracker
+
+_RUNNERS: dict[int, tuple[weakref.ref, ContentRows]] = {}
+
+
+class ContentRows:
+    """The grammar processor's slots, as the repetition family reads them."""
+
+    def __init__(self) -> None:
+        self._grammar_slots: Any = None
+
+    def publish(self, slots: Any) -> None:
+        """The grammar processor's ``SlotTable`` (its payload: each slot's ``RowState``)."""
+        self._grammar_slots = slots
+
+    def tracker(self, slot: int) -> ContentTracker | None:
+        """The content tracker of the request in ``slot``; None when it has no grammar or
+        none of its options spares the structure."""
+        if self._grammar_slots is None:
+            return None
+        state = self._grammar_slots.payload[slot]
+        return getattr(state, "content", None)
+
+
+def content_rows_for(layout: Any, vllm_config: Any) -> ContentRows:
+    """The ``ContentRows`` of the runner that built ``layout``."""
+    owner = layout.req_states if layout.req_states is not None else vllm_config
+    for key in [k for k, (ref, _) in _RUNNERS.items() if ref() is None]:
+        del _RUNNERS[key]
+    entry = _RUNNERS.get(id(owner))
+    if entry is None or entry[0]() is not owner:
+        entry = _RUNNERS[id(owner)] = (_ref(owner), ContentRows())
+    return entry[1]
+
+
+def _ref(owner: Any) -> Any:
+    """A weak reference to ``owner``; a strong one for an object that takes none (the
+    ``SimpleNamespace`` configs of tests)."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        return lambda: owner
