@@ -113,6 +113,15 @@ MINIMUMS: dict[str, dict[str, int]] = {
         "recycled_slots": 20,
         "resumed": 8,
     },
+    "penalty_scope": {
+        "open_rows": 120,
+        "structure_rows": 300,
+        "content_draft_rows": 40,
+        "whole_rows": 60,
+        "resumed_rows": 20,
+        "multi_call_steps": 6,
+        "recycled_slots": 10,
+    },
     "dry_sampler": {
         "dry_rows": 400,
         "dry_rows_penalized": 80,
@@ -211,6 +220,14 @@ def test_grammar_masks() -> None:
     kinds = {"grammar", "json_schema", "regex", "structural_tag"}
     assert set(counts["kinds"]) == kinds, counts["kinds"]
     assert counts["host_fetches"] >= 30, counts  # the fetch ran, once per constrained call
+
+
+def test_penalty_scope() -> None:
+    """Penalties that spare the structure (``penalize_structure`` off) under V2, with the
+    grammar first: a structure row keeps the masked logits bit for bit; an open row gets
+    the penalties over the content tokens only (committed and content drafts), as a
+    from-scratch reference classifies them; windows, drafts, preemption, chunked calls."""
+    check_counts("penalty_scope")
 
 
 def test_budget_closing() -> None:

@@ -89,18 +89,22 @@ def open_row(allowed: int, vocab_size: int, in_value: bool | None) -> bool:
 class ContentTracker:
     """One request's content tokens, in order, as its output is read.
 
-    The writer records the class of each row the request samples from, in order
-    (``row_sampled``: its row, then its draft rows); ``read`` then takes each token that
-    came, with its bytes, against the row it was sampled from; ``end_step`` drops the rows
-    no token came from (rejected drafts). A token from a free (thinking) row is content and
-    never reaches the JSON lexer; a token from a masked row is content when the row was open
-    and, for JSON, the token stays inside the same string value.
+    The writer records the class of each row the request may sample from, by the output
+    position of the token sampled there (``row_sampled``: its row at the position it has
+    read to, a draft row ``k`` drafts further); ``read`` then takes each output token, with
+    its bytes, against the row recorded at its position. The latest record at a position
+    is the row its token was sampled from (a token is committed in the step that recorded
+    it), so rejected drafts, discarded chunk samples and a preempted run's last step need no
+    bookkeeping. A token from a free (thinking) row is content and never reaches the JSON
+    lexer; from a masked row it is content when the row was open and, for JSON, the token
+    stays inside the same string value.
     """
 
     def __init__(self, json: bool) -> None:
         self.lexer = JsonLexer() if json else None
         self.tokens: list[int] = []  # the content tokens, in order
-        self._rows: list[tuple[bool, bool]] = []  # (open, free) of the rows sampled next
+        self.read_count = 0  # output tokens read: the position of the next one
+        self._rows: dict[int, tuple[bool, bool]] = {}  # position -> (open, free)
 
     def in_value(self) -> bool | None:
         """For ``open_row``: None when the text is not JSON."""
@@ -115,27 +119,48 @@ class ContentTracker:
             ahead.feed(data)
         return ahead.in_value
 
-    def row_sampled(self, open_: bool, free: bool) -> None:
-        self._rows.append((open_, free))
+    def row_sampled(self, position: int, open_: bool, free: bool) -> None:
+        """The row whose sample becomes output token ``position``."""
+        if position >= self.read_count:  # (a resumed run's rows before its tokens: stale)
+            self._rows[position] = (open_, free)
 
-    def row_open(self) -> bool:
-        """Whether the request's next row (its first this step) is open."""
-        return bool(self._rows) and self._rows[0][0]
+    def row_open(self, k: int = 0) -> bool:
+        """Whether the row after ``k`` drafts (0: the request's row) is open."""
+        return self._rows.get(self.read_count + k, (False, False))[0]
 
-    def end_step(self) -> None:
-        self._rows.clear()
+    def drafts_content(self, datas: list[bytes]) -> list[bool]:
+        """Whether each draft fed this step (their bytes, in order) would be content, read
+        as ``read`` would read it; nothing is kept."""
+        lexer = None
+        if self.lexer is not None:
+            lexer = replace(self.lexer, containers=bytearray(self.lexer.containers))
+        out = []
+        for j, data in enumerate(datas):
+            opened, free = self._rows.get(self.read_count + j, (False, False))
+            out.append(opened if (free or lexer is None) else _stays_in_value(lexer, data, opened))
+        return out
 
     def read(self, token: int, data: bytes) -> bool:
-        """Read one output token; True when it is content (it is then kept)."""
-        opened, free = self._rows.pop(0) if self._rows else (False, False)
+        """Read the next output token; True when it is content (it is then kept)."""
+        opened, free = self._rows.pop(self.read_count, (False, False))
+        self.read_count += 1
         if free or self.lexer is None:
             content = opened
         else:
-            strings, was_in_value = self.lexer.strings, self.lexer.in_value
-            self.lexer.feed(data)
-            content = (
-                opened and was_in_value and self.lexer.in_value and self.lexer.strings == strings
-            )
+            content = _stays_in_value(self.lexer, data, opened)
         if content:
             self.tokens.append(token)
         return content
+
+    def end_step(self) -> None:
+        """Forget rows of positions already read (stale records)."""
+        for position in [p for p in self._rows if p < self.read_count]:
+            del self._rows[position]
+
+
+def _stays_in_value(lexer: JsonLexer, data: bytes, opened: bool) -> bool:
+    """Feed ``data`` to ``lexer``; True when its row was open and it starts and ends inside
+    the same string value."""
+    strings, was_in_value = lexer.strings, lexer.in_value
+    lexer.feed(data)
+    return opened and was_in_value and lexer.in_value and lexer.strings == strings

@@ -16,6 +16,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
+
 from constrained.grammars.content import ContentTracker
 
 _RUNNERS: dict[int, tuple[weakref.ref, ContentRows]] = {}
@@ -26,10 +28,29 @@ class ContentRows:
 
     def __init__(self) -> None:
         self._grammar_slots: Any = None
+        self._fill: Any = None
+        self._vocab: Any = None
 
     def publish(self, slots: Any) -> None:
         """The grammar processor's ``SlotTable`` (its payload: each slot's ``RowState``)."""
         self._grammar_slots = slots
+
+    def publish_fill(self, fill: Any, vocab: Any) -> None:
+        """The grammar processor's fill (under V2 its ``last_step`` holds the host copy of
+        the step's row layout) and vocabulary."""
+        self._fill, self._vocab = fill, vocab
+
+    def token_bytes(self) -> list[bytes]:
+        return self._vocab.token_bytes()
+
+    def row_layout(self, ctx: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Under V2, this call's ``(row_slot, local, input_ids)`` on the host, from the
+        grammar's one device-to-host copy of the step (it ran first in this call)."""
+        last = getattr(self._fill, "last_step", None)
+        if last is None or last[0] is not ctx:
+            raise RuntimeError("constrained: the grammar processor did not run first in this step")
+        step = last[1]
+        return step.row_slot, step.local, step.input_ids
 
     def tracker(self, slot: int) -> ContentTracker | None:
         """The content tracker of the request in ``slot``; None when it has no grammar or

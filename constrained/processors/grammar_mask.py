@@ -68,7 +68,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         super().__init__(vllm_config, *runner_args)
         self.vllm_config = vllm_config
         self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
-        content_rows_for(self.layout, vllm_config).publish(self.slots)
+        self.content_rows = content_rows_for(self.layout, vllm_config)
+        self.content_rows.publish(self.slots)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for a missing attribute: once built, the parts are plain attributes.
@@ -89,6 +90,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         # All at once, after everything that can fail: a failed build leaves no part behind.
         self.vocab, self.compiler, self.writer, self.fill = vocab, compiler_for(vocab), writer, fill
         self.thinking_stops = frozenset({vocab.eos_token_id, *implicit})
+        self.content_rows.publish_fill(fill, vocab)
         vocab.warm_in_background()  # the backends' tables, while this request's grammar loads
 
     def columns(self) -> dict[str, Column]:
@@ -113,7 +115,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
             state.hints = self.resumed.hints(old)
         if options.spares_structure():  # its penalties read which tokens are content
             json = spec.kind == "json_schema"
-            state.content, state.content_read = self.resumed.content(old, json)
+            state.content = self.resumed.content(old, json)
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
             # Its own stop tokens end it too (the generation config's other end-of-sequence

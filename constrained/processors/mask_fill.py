@@ -52,7 +52,6 @@ class RowState:
     row: GrammarRow | None = None  # the stack and its gate (grammars/stack.py)
     hints: list[list[int]] = field(default_factory=list)  # a preempted run's completions
     content: ContentTracker | None = None  # which tokens are content (penalty scope)
-    content_read: int = 0  # output tokens the tracker has read (it may come from a preempted run)
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
 
@@ -130,12 +129,13 @@ class ResumeShelf:
         return (known + old.hints)[:512]  # bounded across repeated preemptions
 
     @staticmethod
-    def content(old: RowState | None, json: bool) -> tuple[ContentTracker, int]:
-        """The preempted run's content tracker and how many output tokens it had read (its
-        rows' classes are not recomputed: a fresh tracker would call them all structure)."""
+    def content(old: RowState | None, json: bool) -> ContentTracker:
+        """The preempted run's content tracker, which has read its output so far (the
+        classes of those rows are not recomputed: a fresh tracker would call them all
+        structure)."""
         if old is None or old.content is None:
-            return ContentTracker(json), 0
-        return old.content, old.content_read
+            return ContentTracker(json)
+        return old.content
 
 
 class MaskWriter:
@@ -209,17 +209,16 @@ class MaskWriter:
         tracker = state.content
         if tracker is None:
             return
-        done = state.content_read - (state.consumed - len(new))  # read by a preempted run
+        done = tracker.read_count - (state.consumed - len(new))  # read by a preempted run
         data = self._token_bytes
         for token in new[max(done, 0) :]:
             tracker.read(token, data[token] if 0 <= token < len(data) else b"")
-        state.content_read = max(state.content_read, state.consumed)
         tracker.end_step()
 
     @staticmethod
-    def _sampled(state: RowState, open_: bool, free: bool) -> None:
+    def _sampled(state: RowState, open_: bool, free: bool, drafts: int = 0) -> None:
         if state.content is not None:
-            state.content.row_sampled(open_, free)
+            state.content.row_sampled(state.consumed + drafts, open_, free)
 
     def _classify_rows(self) -> None:
         """Each masked row of a tracking request: open when wide enough (and, JSON, inside a
@@ -231,7 +230,8 @@ class MaskWriter:
                 continue
             allowed = int(np.bitwise_count(self.bitmask[row].numpy().view(np.uint32)).sum())
             in_value = tracker.in_value() if drafts is None else tracker.in_value_after(drafts)
-            tracker.row_sampled(open_row(allowed, self.vocab.width, in_value), False)
+            opened = open_row(allowed, self.vocab.width, in_value)
+            tracker.row_sampled(state.consumed + len(drafts or ()), opened, False)
 
     def _free_row(self, state: RowState, row: int) -> None:
         self.free.append(row)
@@ -261,10 +261,10 @@ class MaskWriter:
             accepted = matcher.try_consume(tokens)
             if accepted < len(tokens):  # an earlier draft is already masked: this row's
                 fill_only(self.bitmask, row, [self.eos])  # sample is discarded
-                self._sampled(state, False, False)
+                self._sampled(state, False, False, len(tokens))
             elif state.free():
                 self._free_row(state, row)
-                self._sampled(state, True, True)
+                self._sampled(state, True, True, len(tokens))
             else:
                 matcher.fill(self.bitmask, row)
                 data = self._token_bytes
@@ -459,6 +459,7 @@ class V2MaskFill:
         self.writer = writer
         self.slots = slots
         self.req_states = layout.req_states
+        self.last_step: tuple[Any, _StepCopy] | None = None
 
     def before_update(self) -> None:
         """V2 never calls ``update_state``."""
@@ -476,6 +477,7 @@ class V2MaskFill:
         num_rows = rows.count
         self.writer.start_step()
         step = self._fetch_step(rows.ctx, num_rows)
+        self.last_step = (rows.ctx, step)  # its row layout, for the content classes' readers
         ours = np.flatnonzero(self.slots.active[step.row_slot]).tolist()
         self.writer.ensure_rows(num_rows)
         for row in ours:

@@ -67,8 +67,10 @@ def _prep_kernel(
     prompt_len_ptr,
     all_token_ids_ptr,
     all_token_ids_stride,
+    row_flags_ptr,
     HAS_BIAS: tl.constexpr,
     HAS_PENALTIES: tl.constexpr,
+    HAS_ROW_FLAGS: tl.constexpr,
     BIAS_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -84,7 +86,10 @@ def _prep_kernel(
         freq = tl.load(frequency_ptr + slot)
         pres = tl.load(presence_ptr + slot)
         local = tl.load(local_pos_ptr + row)
-        if (local == 0) and ((rep != 1.0) or (freq != 0.0) or (pres != 0.0)):
+        fed = False
+        if HAS_ROW_FLAGS:  # a fed request's counts come from the host (device_counts.FedSlot)
+            fed = (tl.load(row_flags_ptr + row) & 2) != 0
+        if (local == 0) and (not fed) and ((rep != 1.0) or (freq != 0.0) or (pres != 0.0)):
             counted = tl.load(counted_ptr + slot)
             total = tl.load(total_len_ptr + slot).to(tl.int64)
             window = tl.load(window_ptr + slot).to(tl.int64)
@@ -123,7 +128,9 @@ def _penalties_max_kernel(
     log_min_p_ptr,
     block_max_ptr,
     vocab_size,
+    row_flags_ptr,
     HAS_PENALTIES: tl.constexpr,
+    HAS_ROW_FLAGS: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -139,6 +146,11 @@ def _penalties_max_kernel(
         freq = tl.load(frequency_ptr + slot)
         pres = tl.load(presence_ptr + slot)
         penalized = (rep != 1.0) or (freq != 0.0) or (pres != 0.0)
+    flags = 0
+    if HAS_ROW_FLAGS:  # SPARE (1): a structure row; FED (2); bit 2 + j: draft j is content
+        flags = tl.load(row_flags_ptr + row)
+        penalized = penalized and ((flags & 1) == 0)
+    fed = (flags & 2) != 0
     needs_max = False
     if HAS_MIN_P:
         needs_max = tl.load(log_min_p_ptr + slot) != float("-inf")
@@ -160,9 +172,10 @@ def _penalties_max_kernel(
         for k in tl.range(local):
             draft = tl.load(input_ids_ptr + first + k + 1)
             valid = draft >= 0
-            packed += (block == draft).to(tl.int32)
+            counted_draft = valid and ((not fed) or (((flags >> (2 + k)) & 1) != 0))
+            packed += ((block == draft) & counted_draft).to(tl.int32)
             leaving = counted + k - window
-            if (window > 0) and valid and (leaving >= 0):
+            if (window > 0) and valid and (not fed) and (leaving >= 0):
                 if leaving < counted:  # a committed token leaves the window
                     # both int32 (the two tables' id types differ; Triton's compiler wants
                     # one type out of the branch)
@@ -232,6 +245,7 @@ def apply_fused_elementwise(
     penalties: dict | None,
     log_min_p: torch.Tensor | None,
     scratch: dict,
+    row_flags: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bias, penalties and min-p (each optional) on ``logits`` in place, in that order, in
     at most three launches (see above). No host reads.
@@ -246,17 +260,19 @@ def apply_fused_elementwise(
             ``all_token_ids``), or None.
         log_min_p: [slots] float32 ``T * log(min_p)`` (-inf: off), or None.
         scratch: a dict the caller keeps, for the block-maxima buffer.
+        row_flags: [rows] int32 (``device_counts.SPARE`` / ``FED`` / content-draft bits:
+            requests whose penalties spare the structure), or None: every row as above.
     """
     rows, vocab = logits.shape
     if rows == 0:
         return logits
     num_blocks = _vocab_blocks(vocab)
     if bias is not None or penalties is not None:
-        _launch_prep(logits, ctx, bias, penalties)
+        _launch_prep(logits, ctx, bias, penalties, row_flags)
     if penalties is None and log_min_p is None:
         return logits
     block_max = _block_max_buffer(scratch, rows, logits.device) if log_min_p is not None else None
-    _launch_penalties_max(logits, ctx, penalties, log_min_p, block_max, num_blocks)
+    _launch_penalties_max(logits, ctx, penalties, log_min_p, block_max, num_blocks, row_flags)
     if log_min_p is not None:
         _launch_min_p_mask(logits, ctx, log_min_p, block_max, num_blocks)
     return logits
@@ -291,6 +307,7 @@ def _launch_prep(
     ctx: object,
     bias: tuple[torch.Tensor, torch.Tensor] | None,
     penalties: dict | None,
+    row_flags: torch.Tensor | None,
 ) -> None:
     """Launch 1, ``_prep_kernel`` [rows]: the sparse bias added, and the tokens committed
     since the last step counted into the packed table."""
@@ -319,8 +336,10 @@ def _launch_prep(
         p.get("prompt_len", slots),
         p.get("all_token_ids", slots),
         p["all_token_ids"].stride(0) if penalties is not None else 0,
+        row_flags if row_flags is not None else slots,
         HAS_BIAS=bias is not None,
         HAS_PENALTIES=penalties is not None,
+        HAS_ROW_FLAGS=row_flags is not None,
         BIAS_BLOCK=_next_pow2(bias_ids.shape[1]) if bias is not None else 1,
     )
 
@@ -332,6 +351,7 @@ def _launch_penalties_max(
     log_min_p: torch.Tensor | None,
     block_max: torch.Tensor | None,
     num_blocks: int,
+    row_flags: torch.Tensor | None,
 ) -> None:
     """Launch 2, ``_penalties_max_kernel`` [rows, blocks]: the penalties, then each block's
     maximum into ``block_max`` when min-p follows."""
@@ -359,7 +379,9 @@ def _launch_penalties_max(
         log_min_p if log_min_p is not None else dummy_f,
         block_max if log_min_p is not None else dummy_f,
         vocab,
+        row_flags if row_flags is not None else slots,
         HAS_PENALTIES=penalties is not None,
+        HAS_ROW_FLAGS=row_flags is not None,
         HAS_MIN_P=log_min_p is not None,
         MAX_BLOCKS=MAX_BLOCKS,
         BLOCK_SIZE=BLOCK_SIZE,

@@ -701,6 +701,121 @@ def grammar_masks() -> dict:
     return stats
 
 
+# ---- 2a'. penalties that spare the structure ------------------------------------------------
+
+
+@scenario
+def penalty_scope() -> dict:
+    """With a JSON schema and penalties (``penalize_structure`` off, some requests on), the
+    grammar first, then the fused penalties: a structure row keeps the masked logits bit for
+    bit; an open row gets the penalties over the content tokens only (committed and drafts
+    before it), from a reference classification made from scratch
+    (``tests.test_penalty_scope.reference_content``); with drafts, chunked prefill,
+    preemption and recycled slots."""
+    from tests.test_grammar_bookkeeping import WIDTH, spec_for
+    from tests.test_penalty_scope import SCHEMA, reference_content
+
+    from constrained.grammars import compile_now
+
+    rng, runner, reference = grammar_runner(11)
+    vocab = reference.vocab
+    compiled = compile_now(spec_for({"json_schema": SCHEMA}), vocab)
+    eos = vocab.eos_token_id
+    stats = {"open_rows": 0, "structure_rows": 0, "content_draft_rows": 0, "whole_rows": 0,
+             "resumed_rows": 0, "unchecked_rows": 0}  # fmt: skip
+    reqs: list[Req] = []
+    parked: list[Req] = []
+    next_id = 0
+    for step_no in range(50):
+        for req in list(reqs):
+            if req.slot is None:
+                continue
+            ended = eos in req.output or len(req.output) >= 40
+            if ended or rng.random() < 0.05:
+                runner.finish(req)
+                reqs.remove(req)
+                if not ended and req.output:
+                    parked.append(req)
+        fresh: set[str] = set()
+        if parked and runner.num_admitted < GRAMMAR_CAPACITY and rng.random() < 0.4:
+            req = parked.pop(0)
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        for _ in range(rng.randint(0, 2)):
+            if runner.num_admitted >= GRAMMAR_CAPACITY:
+                break
+            next_id += 1
+            extra = {"json_schema": SCHEMA, "frequency_penalty": 1.5, "presence_penalty": 0.5,
+                     "repetition_penalty": 1.3}  # fmt: skip
+            if next_id % 4 == 0:
+                extra["penalize_structure"] = True
+            if next_id % 3 == 0:
+                extra["penalty_last_n"] = rng.choice([4, 16])
+            params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=extra)
+            req = Req(f"r{next_id}", params, random_tokens(rng, rng.randint(3, 40), 1000))
+            reqs.append(req)
+            admit_fresh(runner, req, rng)
+            fresh.add(req.req_id)
+        plans: dict[str, Plan] = {}
+        for req in reqs:
+            if req.req_id not in fresh and rng.random() > 0.85:
+                continue
+            drafts: list[int] = []
+            if not req.prefilling:
+                for _ in range(rng.choice([0, 0, 1, 2, 3])):
+                    extra = req.params.extra_args
+                    ok = reference.allowed(extra, req.output + drafts).nonzero().flatten()
+                    drafts.append(int(ok[rng.randrange(ok.numel())]))
+            plans[req.req_id] = plan_for(req, rng, GRAMMAR_SPEC, drafts)
+        if not plans:
+            continue
+        step = runner.prepare(plans)
+        logits = torch.randn(step.num_rows, WIDTH) * 3
+        processed = runner.process(step, logits.clone(), rng.choice([None, None, 2]))
+        for row in step.rows:
+            req = row.req
+            extra = req.params.extra_args
+            at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
+            if row.placeholder or not row.sampled:
+                stats["unchecked_rows"] += 1  # (its sample is discarded)
+                continue
+            seen = row.seen_output()
+            allowed = reference.allowed(extra, seen)
+            masked = torch.where(allowed, logits[row.index], float("-inf"))
+            if extra.get("penalize_structure"):
+                counted, opened = seen, True
+                stats["whole_rows"] += 1
+            else:
+                counted, opened = reference_content(vocab, compiled, seen)
+            if not opened:
+                check(bits_equal(processed[row.index], masked), f"{at}: structure row changed")
+                stats["structure_rows"] += 1
+                continue
+            window = extra.get("penalty_last_n") or 0
+            if row.local and window and not extra.get("penalize_structure"):
+                stats["unchecked_rows"] += 1  # drafts do not slide a fed window (documented)
+                continue
+            want = penalised(masked, req.prompt, counted, extra)
+            check(
+                bits_equal(processed[row.index], want),
+                f"{at}: open row differs from the penalties over content {counted} "
+                f"(output {seen}, {extra}); differing ids "
+                f"{(processed[row.index] != want).nonzero().flatten()[:8].tolist()} "
+                f"got {processed[row.index][(processed[row.index] != want)][:4].tolist()} "
+                f"want {want[(processed[row.index] != want)][:4].tolist()} "
+                f"masked {masked[(processed[row.index] != want)][:4].tolist()} "
+                f"drafts {row.drafts_before} prefill {req.prefill_len} prompt {len(req.prompt)}",
+            )
+            stats["open_rows"] += 1
+            stats["content_draft_rows"] += row.local > 0 and bool(counted)
+            stats["resumed_rows"] += req.prefill_len > len(req.prompt)
+        runner.commit(step, sample_step(step, processed, rng))
+    stats.update(vars(runner.counters))
+    stats.update(runner.sync_guard.counts())
+    return stats
+
+
 # ---- 2b. budget closing ------------------------------------------------------------------
 
 
