@@ -407,10 +407,10 @@ class Options(BaseModel):
         )
 
     def spares_structure(self) -> bool:
-        """Whether the penalties count and penalize only content (``penalize_structure``)."""
-        return (
-            self.constraint() is not None and not self.penalize_structure and self.has_penalties()
-        )
+        """Whether the repetition family (penalties, DRY, no-repeat-ngram) counts and
+        penalizes only content (``penalize_structure``)."""
+        repeats = self.has_penalties() or self.has_dry() or self.no_repeat_ngram_size is not None
+        return self.constraint() is not None and not self.penalize_structure and repeats
 
     def has_dry(self) -> bool:
         return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0

@@ -17,6 +17,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+import torch
 
 from constrained.grammars.content import ContentTracker
 
@@ -59,6 +60,43 @@ class ContentRows:
             return None
         state = self._grammar_slots.payload[slot]
         return getattr(state, "content", None)
+
+
+def spared_rows(content: ContentRows, rows: Any, spares: np.ndarray) -> np.ndarray:
+    """This call's logits rows whose request spares the structure (``spares``: a per-slot
+    host flag of the calling processor) and whose row is structure: the rows the
+    repetition family leaves as they are. Host only (V2: the grammar's copy of the layout).
+    """
+    if rows.ctx is None:  # V1: row i is slot i
+        slots = np.flatnonzero(spares[: rows.count])
+        return np.array(
+            [s for s in slots.tolist() if not _tracker(content, s).row_open()], dtype=np.int64
+        )
+    if not spares[rows.ctx.idx_mapping_np].any():
+        return np.zeros(0, dtype=np.int64)
+    row_slot, local, _ = content.row_layout(rows.ctx)
+    mine = np.flatnonzero(spares[row_slot]).tolist()
+    return np.array(
+        [r for r in mine if not _tracker(content, int(row_slot[r])).row_open(int(local[r]))],
+        dtype=np.int64,
+    )
+
+
+def row_flags(spared: np.ndarray, num_rows: int, device: Any) -> torch.Tensor | None:
+    """``spared`` as a [rows] int32 flag tensor for a kernel (1: leave the row); None when
+    no row is spared (the kernel then reads no flags)."""
+    if not spared.size:
+        return None
+    flags = np.zeros(num_rows, dtype=np.int32)
+    flags[spared] = 1
+    return torch.from_numpy(flags).to(device, non_blocking=True)
+
+
+def _tracker(content: ContentRows, slot: int) -> ContentTracker:
+    tracker = content.tracker(slot)
+    if tracker is None:  # (the grammar processor is not loaded: admission refuses this)
+        raise RuntimeError("constrained: penalize_structure=false needs the grammar processor")
+    return tracker
 
 
 def content_rows_for(layout: Any, vllm_config: Any) -> ContentRows:

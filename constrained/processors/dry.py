@@ -17,6 +17,7 @@ import torch
 
 from constrained.options import DRY_DEFAULT_BREAKERS, Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.content_rows import content_rows_for, row_flags, spared_rows
 from constrained.processors.dry_kernel import dry_penalize_kernel
 from constrained.processors.dry_math import dry_penalize, max_exponent, repeat_lengths
 from constrained.processors.history import row_history
@@ -50,7 +51,7 @@ class DryProcessor(DualInterfaceProcessor):
 
     OPTIONS = frozenset(
         {"dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-         "dry_sequence_breakers"}
+         "dry_sequence_breakers", "penalize_structure"}
     )  # fmt: skip
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -60,6 +61,7 @@ class DryProcessor(DualInterfaceProcessor):
             self.logits_width, self.layout.device, _token_bytes(vllm_config)
         )
         self.history = row_history(self.slots, self.layout, "dry_window", output_only=False)
+        self.content = content_rows_for(self.layout, vllm_config)
         # Decided once: under V2 the Triton kernels read the token tables themselves.
         self.on_triton = self.layout.pick(False, settings().dry_kernel)
 
@@ -73,6 +75,7 @@ class DryProcessor(DualInterfaceProcessor):
             "dry_cap": Column(torch.int64, 0),  # repeat lengths never matter beyond this
             "dry_exponent_cap": Column(torch.int64, 0),  # 0: no clamp
             "dry_breakers": Column(torch.int64, 0),  # index into BreakerMasks
+            "dry_spares": Column(torch.bool, False),  # penalize_structure off (content only)
         }
 
     def is_argmax_invariant(self) -> bool:
@@ -101,12 +104,14 @@ class DryProcessor(DualInterfaceProcessor):
             dry_breakers=self.breakers.index(
                 tuple(DRY_DEFAULT_BREAKERS if breakers is None else breakers)
             ),
+            dry_spares=options.spares_structure(),
         )
         if tokens is not None:
             self.slots.payload[slot] = tokens  # V1: (prompt, vLLM's live output list)
         return True
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        spared = spared_rows(self.content, rows, self.slots.host_values["dry_spares"])
         if self.on_triton:
             return dry_penalize_kernel(
                 logits,
@@ -115,6 +120,7 @@ class DryProcessor(DualInterfaceProcessor):
                 self.slots.device_tables,
                 self.breakers.table,
                 self.history.width(rows),
+                row_flags(spared, rows.count, logits.device),
             )
         history = self.history(rows)
         if history.shape[1] < 2:
@@ -129,13 +135,16 @@ class DryProcessor(DualInterfaceProcessor):
             int(caps.max()),
             stop_early=self.layout.host_reads_free,
         )
+        multiplier = gather("dry_multiplier", rows)
+        if spared.size:  # structure rows: a zero multiplier leaves their bits as they are
+            multiplier = multiplier.index_fill(0, torch.from_numpy(spared).to(logits.device), 0.0)
         return dry_penalize(
             logits,
             history,
             lengths,
             breaker,
             gather("dry_allowed", rows),
-            gather("dry_multiplier", rows),
+            multiplier,
             gather("dry_base", rows),
             gather("dry_exponent_cap", rows),
         )

@@ -126,7 +126,9 @@ def _dry_repeats_kernel(
     width,
     candidate_ptr,
     target_ptr,
+    spared_ptr,
     HAS_BREAKERS: tl.constexpr,
+    HAS_SPARED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -139,6 +141,8 @@ def _dry_repeats_kernel(
     visible = pos + 1
     span = tl.where(window > 0, tl.minimum(window, visible), visible)
     span = tl.where(cap > 0, tl.minimum(span, width), 0)  # cap 0: the slot has no DRY
+    if HAS_SPARED:  # a structure row of a request that spares it (content_rows.py): no repeat
+        span = tl.where(tl.load(spared_ptr + row) != 0, 0, span)
     list_row = tl.load(lists_ptr + slot)
     args = (row, pos, local, slot, span, num_rows, tokens_ptr, tokens_stride, input_ids_ptr)
 
@@ -207,6 +211,7 @@ def dry_penalize_kernel(
     columns: dict[str, torch.Tensor],
     breaker_table: torch.Tensor,
     width: int,
+    spared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DRY on a V2 step's logits in place, in two launches, no host reads.
 
@@ -220,6 +225,7 @@ def dry_penalize_kernel(
             ``dry_breakers``); a slot with ``dry_cap`` 0 is left alone.
         breaker_table: [lists, vocab] bool, ``dry.BreakerMasks.table``.
         width: a host bound on any row's visible history (``history.device_width``).
+        spared: [rows] int32, 1 for a row left as it is (``content_rows.row_flags``), or None.
     """
     rows = logits.shape[0]
     if rows == 0 or width < 2:
@@ -253,7 +259,9 @@ def dry_penalize_kernel(
         width,
         candidate,
         target,
+        spared if spared is not None else ctx.expanded_idx_mapping,
         HAS_BREAKERS=has_breakers,
+        HAS_SPARED=spared is not None,
         BLOCK=BLOCK,
     )
     _dry_min_kernel[grid](logits, logits.stride(0), width, candidate, target, BLOCK=BLOCK)

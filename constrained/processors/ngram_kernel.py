@@ -103,12 +103,16 @@ def _no_repeat_ngram_kernel(
     banned_ptr,
     original_ptr,
     width,
+    spared_ptr,
+    HAS_SPARED: tl.constexpr,
     BLOCK: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(row_slots_ptr + row).to(tl.int64)
     n = tl.load(n_ptr + slot).to(tl.int64)
+    if HAS_SPARED:  # a structure row of a request that spares it (content_rows.py)
+        n = tl.where(tl.load(spared_ptr + row) != 0, 0, n)
     if (n < 1) or (n > width):  # the option off, or an n-gram longer than any history
         return
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -183,6 +187,7 @@ def ban_repeated_ngrams_kernel(
     window: torch.Tensor,
     whitelist: torch.Tensor,
     width: int,
+    spared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """No-repeat-ngram's bans for V2 logits rows, in place, in one launch (module docstring).
 
@@ -194,6 +199,7 @@ def ban_repeated_ngrams_kernel(
         n, window: [slots] int64 (``ngram_n``: 0 off; ``ngram_window``: 0 all);
             whitelist: [slots, K] int64, ``-1`` padded.
         width: the host bound of any row's history (``history.device_width``); 0: nothing.
+        spared: [rows] int32, 1 for a row left as it is (``content_rows.row_flags``), or None.
 
     Example: with ``width = 5``, a row of slot ``s`` (``n[s] = 3``) whose output is
     ``5 6 7 5 6`` gets ``logits[r, 7] = -inf``.
@@ -210,6 +216,7 @@ def ban_repeated_ngrams_kernel(
         all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1], prompt_len,
         n, window, whitelist, whitelist.stride(0), whitelist.shape[1],
         banned, original, width,
+        spared if spared is not None else ctx.expanded_idx_mapping, spared is not None,
         BLOCK=min(HISTORY_BLOCK, triton.next_power_of_2(width)),
         VOCAB_BLOCK=min(VOCAB_BLOCK, triton.next_power_of_2(vocab)),
     )  # fmt: skip

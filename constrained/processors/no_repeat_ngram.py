@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
+from constrained.processors.content_rows import content_rows_for, row_flags, spared_rows
 from constrained.processors.history import row_history
 from constrained.processors.ngram_kernel import ban_repeated_ngrams_kernel
 from constrained.processors.ngram_math import ban_tokens, repeated_ngram_bans
@@ -39,11 +41,14 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
         SamplingParams(temperature=0.0, extra_args={"no_repeat_ngram_size": 3})
     """
 
-    OPTIONS = frozenset({"no_repeat_ngram_size", "ngram_window", "ngram_whitelist"})
+    OPTIONS = frozenset(
+        {"no_repeat_ngram_size", "ngram_window", "ngram_whitelist", "penalize_structure"}
+    )
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
         super().__init__(vllm_config, *runner_args)
         self.history = row_history(self.slots, self.layout, "ngram_window", output_only=True)
+        self.content = content_rows_for(self.layout, vllm_config)
         self.on_triton = triton_kernels_on(self.layout, on_v1=False)  # V2 only
 
     def columns(self) -> dict[str, Column]:
@@ -51,6 +56,7 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             "ngram_n": Column(torch.int64, 0),
             "ngram_window": Column(torch.int64, 0),  # 0: the whole output
             "ngram_whitelist": Column(torch.int64, -1, width=4),
+            "ngram_spares": Column(torch.bool, False),  # penalize_structure off (content only)
         }
 
     def is_argmax_invariant(self) -> bool:
@@ -67,14 +73,16 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
         }
         if options.ngram_whitelist:
             values["ngram_whitelist"] = sorted(set(options.ngram_whitelist))
+        values["ngram_spares"] = options.spares_structure()
         self.slots.write(slot, **values)
         if tokens is not None:
             self.slots.payload[slot] = tokens  # V1: (prompt, vLLM's live output list)
         return True
 
     def apply_rows(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+        spared = spared_rows(self.content, rows, self.slots.host_values["ngram_spares"])
         if self.on_triton:
-            return self._apply_kernel(logits, rows)
+            return self._apply_kernel(logits, rows, spared)
         max_n = int(self.slots.host_values["ngram_n"][self.slots.active].max(initial=0))
         history = self.history(rows)
         if history.shape[1] == 0:
@@ -85,9 +93,11 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             self.slots.gather("ngram_whitelist", rows),
             max_n,
         )
+        if spared.size:  # structure rows of requests that spare it: no bans
+            banned[torch.from_numpy(spared).to(banned.device)] = False
         return ban_tokens(logits, history, banned)
 
-    def _apply_kernel(self, logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+    def _apply_kernel(self, logits: torch.Tensor, rows: Rows, spared: np.ndarray) -> torch.Tensor:
         tables, states = self.slots.device_tables, self.layout.req_states
         return ban_repeated_ngrams_kernel(
             logits,
@@ -98,4 +108,5 @@ class NoRepeatNGramProcessor(DualInterfaceProcessor):
             tables["ngram_window"],
             tables["ngram_whitelist"],
             self.history.width(rows),
+            row_flags(spared, rows.count, logits.device),
         )

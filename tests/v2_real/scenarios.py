@@ -706,27 +706,52 @@ def grammar_masks() -> dict:
 
 @scenario
 def penalty_scope() -> dict:
-    """With a JSON schema and penalties (``penalize_structure`` off, some requests on), the
-    grammar first, then the fused penalties: a structure row keeps the masked logits bit for
-    bit; an open row gets the penalties over the content tokens only (committed and drafts
-    before it), from a reference classification made from scratch
-    (``tests.test_penalty_scope.reference_content``); with drafts, chunked prefill,
-    preemption and recycled slots."""
+    """With a JSON schema and the repetition family (penalties, DRY or no-repeat-ngram;
+    ``penalize_structure`` off, some requests on), the grammar first: a structure row keeps
+    the masked logits bit for bit; an open row gets the penalties over the content tokens
+    only (committed and drafts before it), or DRY / no-repeat-ngram over the whole text,
+    as their references compute them (``tests.test_dry``, ``tests.test_no_repeat_ngram``);
+    classes from a reference made from scratch (``tests.test_penalty_scope``); with drafts,
+    chunked prefill, preemption, windows and recycled slots."""
+    from tests.test_dry import dry_reference
     from tests.test_grammar_bookkeeping import WIDTH, spec_for
+    from tests.test_no_repeat_ngram import banned_reference
     from tests.test_penalty_scope import SCHEMA, reference_content
 
     from constrained.grammars import compile_now
 
     rng, runner, reference = grammar_runner(11)
     vocab = reference.vocab
+    token_bytes = vocab.token_bytes()
+    breakers = {
+        t for t in range(WIDTH) if any(c in token_bytes[t] for c in (b"\n", b":", b'"', b"*"))
+    }
     compiled = compile_now(spec_for({"json_schema": SCHEMA}), vocab)
     eos = vocab.eos_token_id
     stats = {"open_rows": 0, "structure_rows": 0, "content_draft_rows": 0, "whole_rows": 0,
-             "resumed_rows": 0, "unchecked_rows": 0}  # fmt: skip
+             "resumed_rows": 0, "unchecked_rows": 0, "dry_open_rows": 0, "dry_changed_rows": 0,
+             "ngram_open_rows": 0, "ngram_banned_rows": 0}  # fmt: skip
     reqs: list[Req] = []
     parked: list[Req] = []
     next_id = 0
-    for step_no in range(50):
+
+    def options(n: int) -> dict:
+        extra: dict = {"json_schema": SCHEMA}
+        family = n % 3
+        if family == 0:
+            extra.update(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3)
+            if n % 2 == 0:
+                extra["penalty_last_n"] = rng.choice([4, 16])
+        elif family == 1:
+            extra.update(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=1,
+                         dry_penalty_last_n=-1)  # fmt: skip
+        else:
+            extra["no_repeat_ngram_size"] = rng.choice([1, 2])
+        if n % 4 == 0:
+            extra["penalize_structure"] = True
+        return extra
+
+    for step_no in range(36):
         for req in list(reqs):
             if req.slot is None:
                 continue
@@ -746,13 +771,7 @@ def penalty_scope() -> dict:
             if runner.num_admitted >= GRAMMAR_CAPACITY:
                 break
             next_id += 1
-            extra = {"json_schema": SCHEMA, "frequency_penalty": 1.5, "presence_penalty": 0.5,
-                     "repetition_penalty": 1.3}  # fmt: skip
-            if next_id % 4 == 0:
-                extra["penalize_structure"] = True
-            if next_id % 3 == 0:
-                extra["penalty_last_n"] = rng.choice([4, 16])
-            params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=extra)
+            params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=options(next_id))
             req = Req(f"r{next_id}", params, random_tokens(rng, rng.randint(3, 40), 1000))
             reqs.append(req)
             admit_fresh(runner, req, rng)
@@ -776,6 +795,7 @@ def penalty_scope() -> dict:
         for row in step.rows:
             req = row.req
             extra = req.params.extra_args
+            got = processed[row.index]
             at = f"step {step_no} row {row.index} {req.req_id} local {row.local}"
             if row.placeholder or not row.sampled:
                 stats["unchecked_rows"] += 1  # (its sample is discarded)
@@ -789,26 +809,34 @@ def penalty_scope() -> dict:
             else:
                 counted, opened = reference_content(vocab, compiled, seen)
             if not opened:
-                check(bits_equal(processed[row.index], masked), f"{at}: structure row changed")
+                check(bits_equal(got, masked), f"{at}: structure row changed")
                 stats["structure_rows"] += 1
                 continue
-            window = extra.get("penalty_last_n") or 0
-            if row.local and window and not extra.get("penalize_structure"):
-                stats["unchecked_rows"] += 1  # drafts do not slide a fed window (documented)
-                continue
-            want = penalised(masked, req.prompt, counted, extra)
+            if "dry_multiplier" in extra:
+                want = dry_reference(req.prompt + seen, masked, 0.8, 1.75, 1, -1, breakers, 512)
+                stats["dry_open_rows"] += 1
+                stats["dry_changed_rows"] += not bits_equal(want, masked)
+            elif "no_repeat_ngram_size" in extra:
+                banned = banned_reference(seen, extra["no_repeat_ngram_size"], None, set())
+                want = masked.clone()
+                want[sorted(banned)] = float("-inf")
+                if not torch.isfinite(want).any():
+                    want = masked  # the bans would empty the row: it keeps them
+                stats["ngram_open_rows"] += 1
+                stats["ngram_banned_rows"] += not bits_equal(want, masked)
+            else:
+                window = extra.get("penalty_last_n") or 0
+                if row.local and window and not extra.get("penalize_structure"):
+                    stats["unchecked_rows"] += 1  # drafts do not slide a fed window (documented)
+                    continue
+                want = penalised(masked, req.prompt, counted, extra)
+                stats["open_rows"] += 1
+                stats["content_draft_rows"] += row.local > 0 and bool(counted)
             check(
-                bits_equal(processed[row.index], want),
-                f"{at}: open row differs from the penalties over content {counted} "
-                f"(output {seen}, {extra}); differing ids "
-                f"{(processed[row.index] != want).nonzero().flatten()[:8].tolist()} "
-                f"got {processed[row.index][(processed[row.index] != want)][:4].tolist()} "
-                f"want {want[(processed[row.index] != want)][:4].tolist()} "
-                f"masked {masked[(processed[row.index] != want)][:4].tolist()} "
-                f"drafts {row.drafts_before} prefill {req.prefill_len} prompt {len(req.prompt)}",
+                bits_equal(got, want),
+                f"{at}: open row differs from its reference (content {counted}, output "
+                f"{seen}, {extra}); differing ids {(got != want).nonzero().flatten()[:8].tolist()}",
             )
-            stats["open_rows"] += 1
-            stats["content_draft_rows"] += row.local > 0 and bool(counted)
             stats["resumed_rows"] += req.prefill_len > len(req.prompt)
         runner.commit(step, sample_step(step, processed, rng))
     stats.update(vars(runner.counters))
