@@ -105,6 +105,10 @@ class ContentTracker:
         self.tokens: list[int] = []  # the content tokens, in order
         self.read_count = 0  # output tokens read: the position of the next one
         self._rows: dict[int, tuple[bool, bool]] = {}  # position -> (open, free)
+        self.whitespace_run = 0  # whitespace-only tokens read since the last other token
+        # The request's (repetition, frequency, presence), when its structure rows damp
+        # whitespace (``damps_whitespace``); None: they are left alone.
+        self.damping: tuple[float, float, float] | None = None
 
     def in_value(self) -> bool | None:
         """For ``open_row``: None when the text is not JSON."""
@@ -140,10 +144,18 @@ class ContentTracker:
             out.append(opened if (free or lexer is None) else _stays_in_value(lexer, data, opened))
         return out
 
+    def run_after(self, datas: list[bytes]) -> int:
+        """The whitespace run once ``datas`` (a row's drafts) are read."""
+        run = self.whitespace_run
+        for data in datas:
+            run = run + 1 if is_whitespace(data) else 0
+        return run
+
     def read(self, token: int, data: bytes) -> bool:
         """Read the next output token; True when it is content (it is then kept)."""
         opened, free = self._rows.pop(self.read_count, (False, False))
         self.read_count += 1
+        self.whitespace_run = self.whitespace_run + 1 if is_whitespace(data) else 0
         if free or self.lexer is None:
             content = opened
         else:
@@ -156,6 +168,11 @@ class ContentTracker:
         """Forget rows of positions already read (stale records)."""
         for position in [p for p in self._rows if p < self.read_count]:
             del self._rows[position]
+
+
+def is_whitespace(data: bytes) -> bool:
+    """A token made of JSON whitespace only (space, tab, newline, carriage return)."""
+    return bool(data) and not data.strip(b" \t\n\r")
 
 
 def _stays_in_value(lexer: JsonLexer, data: bytes, opened: bool) -> bool:

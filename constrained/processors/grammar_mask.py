@@ -116,6 +116,12 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         if options.spares_structure():  # its penalties read which tokens are content
             json = spec.kind == "json_schema"
             state.content = self.resumed.content(old, json)
+            if options.has_penalties():  # whitespace at structure rows: damped
+                state.content.damping = (
+                    options.repetition_penalty or 1.0,
+                    options.frequency_penalty or 0.0,
+                    options.presence_penalty or 0.0,
+                )
         if options.reasoning_end is not None:
             marker = marker_for(self.vocab, options.reasoning_end)
             # Its own stop tokens end it too (the generation config's other end-of-sequence
@@ -147,6 +153,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         masked = self.fill.rows_to_mask(rows, logits)
         if masked:
             apply_token_bitmask(logits, self.writer.on_device(rows.count), masked)
+        if self.writer.damped:  # requests that spare the structure, after whitespace
+            self.writer.damp_whitespace(logits)
         banned_rows, banned_ids = self.writer.banned
         if banned_rows:  # free rows (thinking): no mask, only their bans
             pairs = torch.tensor([banned_rows, banned_ids], device=logits.device)

@@ -27,9 +27,10 @@ import torch
 from vllm.logger import init_logger
 
 from constrained.grammars import GrammarSpec, Vocab
-from constrained.grammars.content import ContentTracker, open_row
+from constrained.grammars.content import ContentTracker, is_whitespace, open_row
 from constrained.grammars.matcher import Matcher, fill_only, words_for
 from constrained.grammars.stack import GrammarRow, build_stack
+from constrained.processors.functional import apply_penalties
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
 from constrained.processors.transfer import Uploader, fetch_to_host
@@ -164,6 +165,9 @@ class MaskWriter:
         # Masked rows whose request tracks content, classified once written (drafts: the
         # draft tokens' bytes before the row).
         self._classify: list[tuple[RowState, int, list[bytes] | None]] = []
+        # Structure rows whose whitespace is damped this step: (row, run, (r, f, p)).
+        self.damped: list[tuple[int, int, tuple[float, float, float]]] = []
+        self._whitespace_ids: torch.Tensor | None = None
 
     @property
     def _token_bytes(self) -> list[bytes]:
@@ -172,6 +176,7 @@ class MaskWriter:
     def start_step(self) -> None:
         self.free = []
         self.banned = ([], [])
+        self.damped = []
 
     def ensure_rows(self, num_rows: int) -> None:
         if self.bitmask.shape[0] < num_rows:
@@ -232,6 +237,10 @@ class MaskWriter:
             in_value = tracker.in_value() if drafts is None else tracker.in_value_after(drafts)
             opened = open_row(allowed, self.vocab.width, in_value)
             tracker.row_sampled(state.consumed + len(drafts or ()), opened, False)
+            if tracker.damping is not None and not opened:
+                run = tracker.whitespace_run if drafts is None else tracker.run_after(drafts)
+                if run:  # after whitespace: the next whitespace token is pushed down
+                    self.damped.append((row, run, tracker.damping))
 
     def _free_row(self, state: RowState, row: int) -> None:
         self.free.append(row)
@@ -299,6 +308,25 @@ class MaskWriter:
         drafts, self._drafts = self._drafts, []
         for state, row, tokens in drafts:
             self._fill_after(state, row, tokens)
+
+    def damp_whitespace(self, logits: torch.Tensor) -> None:
+        """Whitespace at this step's damped structure rows, penalized as the request's
+        penalties would penalize a token counted ``run`` times (the whitespace tokens just
+        read): a run the grammar allows but nothing needs costs more with every token."""
+        if self._whitespace_ids is None:
+            ids = [t for t, data in enumerate(self._token_bytes) if is_whitespace(data)]
+            self._whitespace_ids = torch.tensor(ids, dtype=torch.int64, device=logits.device)
+        damped, self.damped = self.damped, []
+        ids = self._whitespace_ids.unsqueeze(0)
+        host = torch.tensor([[row, run] for row, run, _ in damped], dtype=torch.int64)
+        rows, runs = host.to(logits.device, non_blocking=True).unbind(1)
+        strength = torch.tensor([d for _, _, d in damped], dtype=torch.float32)
+        rep, freq, pres = strength.to(logits.device, non_blocking=True).unbind(1)
+        index = (rows.unsqueeze(1), ids)
+        values = logits[index]
+        counts = runs.unsqueeze(1).expand_as(values)
+        apply_penalties(values, counts, torch.zeros_like(counts), rep, freq, pres)
+        logits[index] = values
 
     def on_device(self, num_rows: int) -> torch.Tensor:
         """The first ``num_rows`` rows on the logits' device (non-blocking upload)."""

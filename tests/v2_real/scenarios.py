@@ -719,6 +719,14 @@ def penalty_scope() -> dict:
     from tests.test_penalty_scope import SCHEMA, reference_content
 
     from constrained.grammars import compile_now
+    from constrained.grammars.content import is_whitespace
+    from constrained.processors.functional import apply_penalties
+
+    def rstrip_whitespace(tokens: list[int], data: list[bytes]) -> list[int]:
+        end = len(tokens)
+        while end and is_whitespace(data[tokens[end - 1]]):
+            end -= 1
+        return tokens[:end]
 
     rng, runner, reference = grammar_runner(11)
     vocab = reference.vocab
@@ -726,11 +734,11 @@ def penalty_scope() -> dict:
     breakers = {
         t for t in range(WIDTH) if any(c in token_bytes[t] for c in (b"\n", b":", b'"', b"*"))
     }
-    compiled = compile_now(spec_for({"json_schema": SCHEMA}), vocab)
+    compiled: dict = {}
     eos = vocab.eos_token_id
     stats = {"open_rows": 0, "structure_rows": 0, "content_draft_rows": 0, "whole_rows": 0,
              "resumed_rows": 0, "unchecked_rows": 0, "dry_open_rows": 0, "dry_changed_rows": 0,
-             "ngram_open_rows": 0, "ngram_banned_rows": 0}  # fmt: skip
+             "ngram_open_rows": 0, "ngram_banned_rows": 0, "damped_rows": 0}  # fmt: skip
     reqs: list[Req] = []
     parked: list[Req] = []
     next_id = 0
@@ -742,6 +750,8 @@ def penalty_scope() -> dict:
             extra.update(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3)
             if n % 2 == 0:
                 extra["penalty_last_n"] = rng.choice([4, 16])
+            else:  # whitespace the grammar allows (up to 2 after , and :): damped
+                extra.update(whitespace="flexible", max_whitespace=2)
         elif family == 1:
             extra.update(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=1,
                          dry_penalty_last_n=-1)  # fmt: skip
@@ -785,7 +795,11 @@ def penalty_scope() -> dict:
                 for _ in range(rng.choice([0, 0, 1, 2, 3])):
                     extra = req.params.extra_args
                     ok = reference.allowed(extra, req.output + drafts).nonzero().flatten()
-                    drafts.append(int(ok[rng.randrange(ok.numel())]))
+                    spaces = [t for t in ok.tolist() if is_whitespace(token_bytes[t])]
+                    if spaces and rng.random() < 0.7:  # runs of whitespace, to damp
+                        drafts.append(rng.choice(spaces))
+                    else:
+                        drafts.append(int(ok[rng.randrange(ok.numel())]))
             plans[req.req_id] = plan_for(req, rng, GRAMMAR_SPEC, drafts)
         if not plans:
             continue
@@ -807,9 +821,23 @@ def penalty_scope() -> dict:
                 counted, opened = seen, True
                 stats["whole_rows"] += 1
             else:
-                counted, opened = reference_content(vocab, compiled, seen)
+                spec = spec_for({k: v for k, v in extra.items() if "penalt" not in k})
+                if spec not in compiled:
+                    compiled[spec] = compile_now(spec, vocab)
+                counted, opened = reference_content(vocab, compiled[spec], seen)
             if not opened:
-                check(bits_equal(got, masked), f"{at}: structure row changed")
+                want = masked
+                run = len(seen) - len(rstrip_whitespace(seen, token_bytes))
+                if run and "frequency_penalty" in extra and not extra.get("penalize_structure"):
+                    want = masked.clone()
+                    ids = [t for t in range(WIDTH) if is_whitespace(token_bytes[t])]
+                    values = want[ids].unsqueeze(0)
+                    counts = torch.full_like(values, run, dtype=torch.int64)
+                    strength = torch.tensor([[1.3], [1.5], [0.5]])
+                    apply_penalties(values, counts, torch.zeros_like(counts), *strength)
+                    want[ids] = values[0]
+                    stats["damped_rows"] += not bits_equal(want, masked)
+                check(bits_equal(got, want), f"{at}: structure row differs (after {seen})")
                 stats["structure_rows"] += 1
                 continue
             if "dry_multiplier" in extra:
