@@ -132,6 +132,16 @@ CORPUS: list[Bad] = [
     Bad("presence-above-2", {"presence_penalty": 3.5}, "presence_penalty"),
     Bad("window-negative", {"penalty_last_n": -5}, "penalty_last_n"),
     Bad(
+        "structure-without-constraint",
+        {"frequency_penalty": 1.0, "penalize_structure": True},
+        "penalize_structure",
+    ),
+    Bad(
+        "structure-not-a-bool",
+        {"json_schema": "{}", "penalize_structure": "yes"},
+        "penalize_structure",
+    ),
+    Bad(
         "max-whitespace-17",
         {"json_schema": "{}", "whitespace": "flexible", "max_whitespace": 17},
         "max_whitespace",

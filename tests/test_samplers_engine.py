@@ -187,16 +187,19 @@ STRUCTURE = ['{"', '"', '":', '","', '"},{"', ",", "{", "}", "]", "[", '"}', '"}
     ids=["ngram2", "ngram3", "dry_huge", "repetition_huge", "bias_against_structure"],
 )
 def test_no_ban_or_penalty_empties_a_grammar_row(llm, extra):
-    """The grammar wins: bans run after its mask and never remove the last token it allows,
-    and penalties before it are finite pushes, so the row keeps a token to sample even when
-    every allowed token is banned or penalized (a row with no finite logit would sample
-    token 0, "!", which the grammar refuses). Every output stops complete and valid, at
+    """The grammar wins: it masks first, the bans never remove the last token it allows,
+    and penalties are finite pushes (a masked logit stays -inf, an allowed one finite), so
+    the row keeps a token to sample even when every allowed token is banned or penalized
+    (a row with no finite logit would sample token 0, "!", which the grammar refuses).
+    Penalized everywhere (``penalize_structure``), every output stops complete and valid, at
     temperatures 1, 0.5 and greedy; the lists repeat their structure bigrams."""
     import jsonschema
 
     if extra.get("logit_bias") == "structure":
         tokenizer = llm.get_tokenizer()
         extra = {"logit_bias": {tokenizer.encode(s)[0]: -100 for s in STRUCTURE}}
+    else:  # penalized and banned everywhere: the structure too (the scope spares it)
+        extra = {**extra, "penalize_structure": True}
     params = [
         SamplingParams(
             temperature=temperature,
