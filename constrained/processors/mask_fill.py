@@ -198,7 +198,8 @@ class MaskWriter:
                     self._sampled(state, True, True)
                 else:
                     self._queued.append((matcher, row))
-                    self._classify.append((state, row, None))
+                    if state.content is not None:
+                        self._classify.append((state, row, None))
                 return
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
@@ -226,21 +227,31 @@ class MaskWriter:
             state.content.row_sampled(state.consumed + drafts, open_, free)
 
     def _classify_rows(self) -> None:
-        """Each masked row of a tracking request: open when wide enough (and, JSON, inside a
-        string value), by its mask's popcount."""
+        """Each masked row of a tracking request: open when wide enough and (JSON) inside a
+        string value. The popcounts of the rows that need one are taken in one pass."""
         pending, self._classify = self._classify, []
+        todo = []
         for state, row, drafts in pending:
             tracker = state.content
-            if tracker is None:
-                continue
-            allowed = int(np.bitwise_count(self.bitmask[row].numpy().view(np.uint32)).sum())
             in_value = tracker.in_value() if drafts is None else tracker.in_value_after(drafts)
-            opened = open_row(allowed, self.vocab.width, in_value)
-            tracker.row_sampled(state.consumed + len(drafts or ()), opened, False)
-            if tracker.damping is not None and not opened:
-                run = tracker.whitespace_run if drafts is None else tracker.run_after(drafts)
-                if run:  # after whitespace: the next whitespace token is pushed down
-                    self.damped.append((row, run, tracker.damping))
+            if in_value is False:  # between JSON tokens or in a key: structure, no count
+                self._record(state, row, drafts, False)
+            else:
+                todo.append((state, row, drafts, in_value))
+        if not todo:
+            return
+        words = self.bitmask[[row for _, row, _, _ in todo]].numpy().view(np.uint32)
+        allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+        for (state, row, drafts, in_value), count in zip(todo, allowed.tolist(), strict=True):
+            self._record(state, row, drafts, open_row(count, self.vocab.width, in_value))
+
+    def _record(self, state: RowState, row: int, drafts: list[bytes] | None, opened: bool) -> None:
+        tracker = state.content
+        tracker.row_sampled(state.consumed + len(drafts or ()), opened, False)
+        if tracker.damping is not None and not opened:
+            run = tracker.whitespace_run if drafts is None else tracker.run_after(drafts)
+            if run:  # after whitespace: the next whitespace token is pushed down
+                self.damped.append((row, run, tracker.damping))
 
     def _free_row(self, state: RowState, row: int) -> None:
         self.free.append(row)
@@ -276,9 +287,10 @@ class MaskWriter:
                 self._sampled(state, True, True, len(tokens))
             else:
                 matcher.fill(self.bitmask, row)
-                data = self._token_bytes
-                self._classify.append((state, row, [data[t] for t in tokens]))
-                self._classify_rows()
+                if state.content is not None:
+                    data = self._token_bytes
+                    self._classify.append((state, row, [data[t] for t in tokens]))
+                    self._classify_rows()
             matcher.rollback(accepted)
         except Exception:
             logger.exception("constrained: grammar matcher failed; ending the request")
