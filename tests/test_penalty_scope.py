@@ -105,7 +105,7 @@ def test_open_rows_count_content_only_and_structure_rows_keep_their_bits(vocab, 
     compiled = compile_now(spec_for({"json_schema": SCHEMA}), vocab)
     batch = V1Batch(CAPACITY, rng)
     next_id, spared_rows, open_rows, content_seen = 0, 0, 0, 0
-    for step in range(60):
+    for step in range(40):
         new = [request(rng, next_id + i, spare=(next_id + i) % 4 != 0)
                for i in range(rng.randint(0, 2))]  # fmt: skip
         next_id += len(new)

@@ -240,7 +240,7 @@ class MaskWriter:
                 todo.append((state, row, drafts, in_value))
         if not todo:
             return
-        words = self.bitmask[[row for _, row, _, _ in todo]].numpy().view(np.uint32)
+        words = self.bitmask.numpy().view(np.uint32)[[row for _, row, _, _ in todo]]
         allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
         for (state, row, drafts, in_value), count in zip(todo, allowed.tolist(), strict=True):
             self._record(state, row, drafts, open_row(count, self.vocab.width, in_value))
