@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import pathlib
 
 import jsonschema
@@ -59,6 +60,8 @@ def strings(value) -> list[str]:
 
 
 def main() -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=32)
     parser.add_argument("--out", default="benchmarks/results/penalty_scope_engine")
