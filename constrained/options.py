@@ -121,7 +121,64 @@ def _finite(value: float) -> float:
     return float(value)
 
 
-class Options(BaseModel):
+class OptionQueries:
+    """What a parsed request asks for, derived from its fields (``Options`` inherits these;
+    kept apart from the fields and their checks)."""
+
+    def constraint_field(self) -> str | None:
+        """The constraint option the request gave (``json_schema``, ``choice`` ...), if any."""
+        for name in GRAMMAR_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value is not False:
+                return name
+        return None
+
+    def constraint(self) -> tuple[str, str] | None:
+        """``(kind, source)`` the request's constraint compiles as, if any: ``choice`` is a
+        regex of its strings, ``json_object`` the schema ``{"type": "object"}``."""
+        name = self.constraint_field()
+        if name is None:
+            return None
+        if name == "choice":
+            from constrained.grammars.spec import choice_regex
+
+            return "regex", choice_regex(self.choice or [])
+        if name == "json_object":
+            return "json_schema", JSON_OBJECT_SCHEMA
+        return name, getattr(self, name)
+
+    def is_active(self) -> bool:
+        """True when some option would change the logits."""
+        return (
+            bool(self.logit_bias)
+            or bool(self.min_p)
+            or self.has_penalties()
+            or self.constraint() is not None
+            or self.has_dry()
+            or bool(self.xtc_probability)
+            or self.top_n_sigma is not None
+            or (self.typical_p is not None and self.typical_p < 1.0)
+            or self.no_repeat_ngram_size is not None
+        )
+
+    def spares_structure(self) -> bool:
+        """Whether the repetition family (penalties, DRY, no-repeat-ngram) counts and
+        penalizes only content (``penalize_structure``)."""
+        repeats = self.has_penalties() or self.has_dry() or self.no_repeat_ngram_size is not None
+        return self.constraint() is not None and not self.penalize_structure and repeats
+
+    def has_dry(self) -> bool:
+        return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0
+
+    def has_penalties(self) -> bool:
+        return (
+            (self.repetition_penalty is not None and self.repetition_penalty != 1.0)
+            or bool(self.frequency_penalty)
+            or bool(self.presence_penalty)
+        )
+
+
+class Options(OptionQueries, BaseModel):
     """Every per-request option of ``constrained``; all default to off.
 
     Attributes:
@@ -369,58 +426,6 @@ class Options(BaseModel):
                 raise OptionError(aliased[error.field], error.reason) from None
             raise
         return options if options.is_active() else None
-
-    def constraint_field(self) -> str | None:
-        """The constraint option the request gave (``json_schema``, ``choice`` ...), if any."""
-        for name in GRAMMAR_FIELDS:
-            value = getattr(self, name)
-            if value is not None and value is not False:
-                return name
-        return None
-
-    def constraint(self) -> tuple[str, str] | None:
-        """``(kind, source)`` the request's constraint compiles as, if any: ``choice`` is a
-        regex of its strings, ``json_object`` the schema ``{"type": "object"}``."""
-        name = self.constraint_field()
-        if name is None:
-            return None
-        if name == "choice":
-            from constrained.grammars.spec import choice_regex
-
-            return "regex", choice_regex(self.choice or [])
-        if name == "json_object":
-            return "json_schema", JSON_OBJECT_SCHEMA
-        return name, getattr(self, name)
-
-    def is_active(self) -> bool:
-        """True when some option would change the logits."""
-        return (
-            bool(self.logit_bias)
-            or bool(self.min_p)
-            or self.has_penalties()
-            or self.constraint() is not None
-            or self.has_dry()
-            or bool(self.xtc_probability)
-            or self.top_n_sigma is not None
-            or (self.typical_p is not None and self.typical_p < 1.0)
-            or self.no_repeat_ngram_size is not None
-        )
-
-    def spares_structure(self) -> bool:
-        """Whether the repetition family (penalties, DRY, no-repeat-ngram) counts and
-        penalizes only content (``penalize_structure``)."""
-        repeats = self.has_penalties() or self.has_dry() or self.no_repeat_ngram_size is not None
-        return self.constraint() is not None and not self.penalize_structure and repeats
-
-    def has_dry(self) -> bool:
-        return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0
-
-    def has_penalties(self) -> bool:
-        return (
-            (self.repetition_penalty is not None and self.repetition_penalty != 1.0)
-            or bool(self.frequency_penalty)
-            or bool(self.presence_penalty)
-        )
 
     def to_extra_args(self) -> dict[str, Any]:
         """The dict for ``SamplingParams(extra_args=...)`` (options left unset are omitted)."""

@@ -244,6 +244,7 @@ class DevicePenaltyCounts:
         if deltas.slots:
             deltas.apply(self.counts.counts, self.req_states.all_token_ids.gpu)
         row_slot, local, input_ids = self.content.row_layout(ctx)
+        data = self.content.token_bytes()
         flags = np.zeros(rows.count, dtype=np.int32)
         for row in range(rows.count):
             fed = payload[int(row_slot[row])]
@@ -252,7 +253,6 @@ class DevicePenaltyCounts:
             k = int(local[row])
             bits = FED | (0 if fed.tracker.row_open(k) else SPARE)
             drafts = input_ids[row - k + 1 : row + 1].tolist()
-            data = self.content.token_bytes()
             ok = fed.tracker.drafts_content([data[t] if t >= 0 else b"" for t in drafts])
             for j, content in enumerate(ok):
                 bits |= int(content) << (DRAFT_BIT + j)

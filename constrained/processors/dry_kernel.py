@@ -234,9 +234,29 @@ def dry_penalize_kernel(
     device = logits.device
     candidate = torch.empty(rows, width, dtype=torch.float32, device=device)
     target = torch.empty(rows, width, dtype=torch.int32, device=device)
+    grid = (rows, triton.cdiv(width, BLOCK))
+    _launch_repeats(logits, ctx, all_token_ids, columns, breaker_table, width, candidate, target,
+                    spared, grid)  # fmt: skip
+    _dry_min_kernel[grid](logits, logits.stride(0), width, candidate, target, BLOCK=BLOCK)
+    return logits
+
+
+def _launch_repeats(
+    logits: torch.Tensor,
+    ctx: object,
+    all_token_ids: torch.Tensor,
+    columns: dict[str, torch.Tensor],
+    breaker_table: torch.Tensor,
+    width: int,
+    candidate: torch.Tensor,
+    target: torch.Tensor,
+    spared: torch.Tensor | None,
+    grid: tuple[int, int],
+) -> None:
+    """Launch 1, ``_dry_repeats_kernel``: each row's candidates and their targets."""
+    rows = logits.shape[0]
     has_breakers = breaker_table.shape[0] > 0
     table = breaker_table.view(torch.uint8) if has_breakers else columns["dry_breakers"]
-    grid = (rows, triton.cdiv(width, BLOCK))
     _dry_repeats_kernel[grid](
         logits,
         logits.stride(0),
@@ -264,5 +284,3 @@ def dry_penalize_kernel(
         HAS_SPARED=spared is not None,
         BLOCK=BLOCK,
     )
-    _dry_min_kernel[grid](logits, logits.stride(0), width, candidate, target, BLOCK=BLOCK)
-    return logits
