@@ -1,9 +1,10 @@
 """Our processors under tensor, pipeline and data parallelism (issue #17), on the real engine.
 
 Each layout runs ``tests/parallel_run.py`` in its own process tree (one engine at a time): a
-mixed batch of 16 requests (JSON schema, regex, windowed penalties, bias + min-p, DRY,
-no-repeat-ngram, XTC + top-n-sigma, plain; sampled and greedy) on a KV cache of 10 blocks, so
-requests are preempted and recomputed. Every layout must give the single worker's tokens,
+mixed batch of 18 requests (JSON schema, regex, windowed penalties, bias + min-p, DRY,
+no-repeat-ngram, XTC + top-n-sigma, plain, a reasoning gate before the JSON schema; sampled
+and greedy; 64 tokens at most) on a KV cache of 10 blocks, so requests are preempted and
+recomputed. Every layout must give the single worker's tokens,
 token for token, with our options. The same batch without options is run in the same engine
 first: where a layout changes vLLM's own tokens (its arithmetic differs), that layout is
 skipped, naming it, since our processors cannot be judged there.
@@ -31,8 +32,10 @@ from tests.process_sessions import kill_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Every layout runs the batch with its reasoning-gate requests too (``--reasoning``).
-BATCH = ["--reasoning"]
+# Every layout runs the batch with its reasoning-gate requests too (``--reasoning``), 64 tokens
+# at most per request (the runner's default is 96): the KV cache still preempts, the JSON,
+# regex and reasoning requests finish as at 96 (the same tokens), in two thirds of the steps.
+BATCH = ["--reasoning", "--max-tokens", "64"]
 LAYOUTS = {
     "tensor_parallel_2": ["--tp", "2", *BATCH],
     "pipeline_parallel_2": ["--pp", "2", "--compiled", *BATCH],
