@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Our launches per step (all our processors together), at most. vLLM's own built-in
@@ -38,15 +40,23 @@ BUDGET: dict[str, int] = {
 VLLM_BUILTIN = {"vllm_builtin_pen_bias_minp": 3}
 
 
-def test_launches_and_syncs_per_step(tmp_path: Path) -> None:
-    out = tmp_path / "counts.json"
+@pytest.fixture(scope="module")
+def launch_counts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of ``tests/v2_real/launch_counts.py`` for both tests below: its directory
+    holds the counts (``counts.json``) and the kernel variants it launched (``variants.json``)."""
+    tmp_path = tmp_path_factory.mktemp("launch_counts")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.launch_counts", "--json", str(out),
-         "--variants", str(tmp_path / "variants.json")],
+        [sys.executable, "-m", "tests.v2_real.launch_counts", "--json",
+         str(tmp_path / "counts.json"), "--variants", str(tmp_path / "variants.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp_path
+
+
+def test_launches_and_syncs_per_step(launch_counts: Path) -> None:
+    out = launch_counts / "counts.json"
     results = json.loads(out.read_text())["results"]
     assert set(BUDGET) | set(VLLM_BUILTIN) <= set(results)
     over = {
@@ -73,17 +83,12 @@ OUR_KERNELS = {
 }  # fmt: skip
 
 
-def test_every_kernel_variant_compiles_for_the_gpu(tmp_path: Path) -> None:
+def test_every_kernel_variant_compiles_for_the_gpu(launch_counts: Path) -> None:
     """Each variant of our kernels that the launch counts ran in Triton's interpreter (its
     argument types and constexprs) compiles for sm_90 with Triton's NVIDIA backend, no GPU
     needed: the interpreter forgave two compile errors that first showed on an H200 (#28)."""
-    variants = tmp_path / "variants.json"
+    variants = launch_counts / "variants.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    launch = subprocess.run(
-        [sys.executable, "-m", "tests.v2_real.launch_counts", "--variants", str(variants)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     assert {v["name"] for v in json.loads(variants.read_text())} >= OUR_KERNELS
     proc = subprocess.run(
         [sys.executable, "-m", "tests.v2_real.cuda_compile", str(variants)],
