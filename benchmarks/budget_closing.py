@@ -117,7 +117,6 @@ def processor_cost(
     import torch
     from transformers import AutoConfig
     from vllm import SamplingParams
-    from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
     from constrained.grammars import GrammarSpec, compile_now, load_vocab
     from constrained.grammars.closing import find_witness
@@ -151,27 +150,9 @@ def processor_cost(
         forget_shared_sorts()  # each round from a cold store: sharing within it only
         torch.manual_seed(seed)
         proc = GrammarMaskProcessor(config, torch.device("cpu"), False)
-        rows = [(n, []) for n in names]
-        added = [(i, params(n, closes), [1, 2, 3], out) for i, (n, out) in enumerate(rows)]
-        update: Any = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
-        seconds, ended = 0.0, 0
-        for _ in range(steps):
-            logits = torch.randn(len(rows), width)
-            start = time.perf_counter()
-            proc.update_state(update)
-            out = proc.apply(logits)
-            seconds += time.perf_counter() - start
-            noise = -torch.log(-torch.log(torch.rand_like(out).clamp_min(1e-9)))
-            tokens = (out + noise).argmax(dim=-1).tolist()
-            added = []
-            for i, ((name, output), token) in enumerate(zip(rows, tokens, strict=True)):
-                output.append(token)
-                if token == vocab.eos_token_id or len(output) >= budgets[name]:
-                    ended += 1
-                    rows[i] = (name, [])
-                    added.append((i, params(name, closes), [1, 2, 3], rows[i][1]))
-            update = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
-            update = update if added else None
+        seconds, ended = drive(
+            proc, names, lambda n: params(n, closes), budgets, width, vocab.eos_token_id, steps
+        )
         return {"ms_per_step": 1000 * seconds / steps, "requests_ended": ended}
 
     runs: dict[str, list[dict]] = {"closing": [], "off": []}
@@ -188,6 +169,47 @@ def processor_cost(
         "ratio_closing_to_off": medians["closing"] / medians["off"],
         "rounds": runs,
     }
+
+
+def drive(
+    proc: Any,
+    names: list[str],
+    params: Any,
+    budgets: dict[str, int],
+    width: int,
+    eos: int,
+    steps: int,
+    clock: Any = time.perf_counter,
+) -> tuple[float, int]:
+    """Drive a grammar processor as V1 does, one row per name, for ``steps`` steps: random
+    logits, each row's token sampled from its masked row, a request that ends (``eos``, or
+    cut at ``budgets[name]``) replaced in its row by a fresh one (``params(name)``). The
+    ``clock`` seconds spent in ``update_state`` + ``apply``, and how many requests ended."""
+    import torch
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    rows: list[tuple[str, list[int]]] = [(n, []) for n in names]
+    added = [(i, params(n), [1, 2, 3], out) for i, (n, out) in enumerate(rows)]
+    update: Any = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
+    seconds, ended = 0.0, 0
+    for _ in range(steps):
+        logits = torch.randn(len(rows), width)
+        start = clock()
+        proc.update_state(update)
+        out = proc.apply(logits)
+        seconds += clock() - start
+        noise = -torch.log(-torch.log(torch.rand_like(out).clamp_min(1e-9)))
+        tokens = (out + noise).argmax(dim=-1).tolist()
+        added = []
+        for i, ((name, output), token) in enumerate(zip(rows, tokens, strict=True)):
+            output.append(token)
+            if token == eos or len(output) >= budgets[name]:
+                ended += 1
+                rows[i] = (name, [])
+                added.append((i, params(name), [1, 2, 3], rows[i][1]))
+        update = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
+        update = update if added else None
+    return seconds, ended
 
 
 def plot(record: dict, path: pathlib.Path) -> None:

@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.budget_closing import DEFAULT_MASKBENCH, draw, load_schema
+from benchmarks.budget_closing import DEFAULT_MASKBENCH, draw, drive, load_schema
 from benchmarks.common import machine_info
 
 # closing's parts: (label, owner class's module, class, method)
@@ -120,7 +120,6 @@ def run(proc_args: tuple, names: list[str], params: Callable, vocab: Any, steps:
         budget: int, seed: int, clock: PartClock) -> float:  # fmt: skip
     """One batch of ``names`` for ``steps`` steps; the processor's thread CPU ms a step."""
     import torch
-    from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
     from constrained.grammars.closing_sorts import forget_shared_sorts
     from constrained.processors.grammar_mask import GrammarMaskProcessor
@@ -130,27 +129,10 @@ def run(proc_args: tuple, names: list[str], params: Callable, vocab: Any, steps:
     proc = GrammarMaskProcessor(*proc_args)
     proc.fill._inline_below = float("inf")  # inline: its time is this thread's
     width = proc_args[0].model_config.get_vocab_size()
-    rows: list[tuple[str, list[int]]] = [(n, []) for n in names]
-    added = [(i, params(n), [1, 2, 3], out) for i, (n, out) in enumerate(rows)]
-    update: Any = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
     clock.reset()
-    seconds = 0.0
-    for _ in range(steps):
-        logits = torch.randn(len(rows), width)
-        start = time.thread_time()
-        proc.update_state(update)
-        out = proc.apply(logits)
-        seconds += time.thread_time() - start
-        noise = -torch.log(-torch.log(torch.rand_like(out).clamp_min(1e-9)))
-        tokens = (out + noise).argmax(dim=-1).tolist()
-        added = []
-        for i, ((name, output), token) in enumerate(zip(rows, tokens, strict=True)):
-            output.append(token)
-            if token == vocab.eos_token_id or len(output) >= budget:
-                rows[i] = (name, [])
-                added.append((i, params(name), [1, 2, 3], rows[i][1]))
-        update = BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[])
-        update = update if added else None
+    budgets = dict.fromkeys(names, budget)
+    seconds, _ = drive(proc, names, params, budgets, width, vocab.eos_token_id, steps,
+                       time.thread_time)  # fmt: skip
     return 1e3 * seconds / steps
 
 
