@@ -112,8 +112,6 @@ def processor_cost(
     ends (end-of-sequence, or cut at ``max_tokens``) is replaced in its row by a fresh one
     of the same schema, so every step has a full batch. Timed: ``update_state`` + ``apply``
     per step (the mask fill included), random logits, tokens sampled from the masked row."""
-    from types import SimpleNamespace
-
     import torch
     from transformers import AutoConfig
     from vllm import SamplingParams
@@ -122,6 +120,7 @@ def processor_cost(
     from constrained.grammars.closing import find_witness
     from constrained.grammars.closing_sorts import forget_shared_sorts
     from constrained.processors.grammar_mask import GrammarMaskProcessor
+    from tests.simulate import fake_vllm_config
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size
     vocab = load_vocab(str(model_dir), width)
@@ -134,13 +133,7 @@ def processor_cost(
         budgets[n] = 2 * len(witness) + 32 if witness is not None else 64
         if budget is not None:  # one budget for all (those that fit it)
             budgets[n] = budget
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=len(names)),
-        model_config=SimpleNamespace(
-            get_vocab_size=lambda: width, tokenizer=str(model_dir), model=str(model_dir)
-        ),
-        speculative_config=None,
-    )
+    config = fake_vllm_config(len(names), width, model_dir)
 
     def params(name: str, closes: bool) -> Any:
         extra = {"json_schema": texts[name], "close_at_max_tokens": closes}

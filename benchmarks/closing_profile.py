@@ -138,25 +138,18 @@ def run(proc_args: tuple, names: list[str], params: Callable, vocab: Any, steps:
 
 def profile(model_dir: pathlib.Path, names: list[str], schemas: dict, budget: int, steps: int,
             rounds: int) -> dict:  # fmt: skip
-    from types import SimpleNamespace
-
     import torch
     from transformers import AutoConfig
     from vllm import SamplingParams
 
     from constrained.grammars import load_vocab
+    from tests.simulate import fake_vllm_config
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size
     vocab = load_vocab(str(model_dir), width)
     texts = {n: json.dumps(schemas[n]) for n in names}
     batch = admitted(names, texts, vocab, budget)
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=len(batch)),
-        model_config=SimpleNamespace(
-            get_vocab_size=lambda: width, tokenizer=str(model_dir), model=str(model_dir)
-        ),
-        speculative_config=None,
-    )
+    config = fake_vllm_config(len(batch), width, model_dir)
     proc_args = (config, torch.device("cpu"), False)
 
     def params_for(closes: bool) -> Callable:

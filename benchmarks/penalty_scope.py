@@ -31,6 +31,7 @@ from benchmarks.common import machine_info
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.penalties import PenaltiesProcessor
 from constrained.tiny_model import build_tiny_model
+from tests.simulate import fake_vllm_config
 
 WIDTH = 151_936
 SCHEMA = json.dumps({
@@ -47,11 +48,7 @@ CONFIGS = {
 
 
 def config(model: str, batch: int) -> SimpleNamespace:
-    return SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=batch),
-        model_config=SimpleNamespace(get_vocab_size=lambda: WIDTH, tokenizer=model, model=model),
-        speculative_config=None,
-    )
+    return fake_vllm_config(batch, WIDTH, model)
 
 
 def run(model: str, name: str, batch: int, steps: int, paths: list[list[int]] | None) -> tuple:

@@ -36,7 +36,6 @@ import pathlib
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.common import machine_info
@@ -64,14 +63,10 @@ def one_round(model_dir: str, width: int, config: str, batch: int, steps: int, s
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
     from constrained.processors.grammar_mask import GrammarMaskProcessor
+    from tests.simulate import fake_vllm_config
 
     torch.manual_seed(seed)
-    vllm_config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=batch),
-        model_config=SimpleNamespace(get_vocab_size=lambda: width, tokenizer=model_dir,
-                                     model=model_dir),
-        speculative_config=None,
-    )  # fmt: skip
+    vllm_config = fake_vllm_config(batch, width, model_dir)
     proc = GrammarMaskProcessor(vllm_config, torch.device("cpu"), False)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     params = SamplingParams(temperature=1.0, max_tokens=100_000, extra_args=extra_for(config))

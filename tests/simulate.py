@@ -20,11 +20,21 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 
 
-def fake_vllm_config(max_num_seqs: int, vocab_size: int) -> SimpleNamespace:
-    """The two fields our V1 constructors read from ``VllmConfig``."""
+def fake_vllm_config(
+    max_num_seqs: int, vocab_size: int, model: str | None = None, **fields: object
+) -> SimpleNamespace:
+    """The fields our V1 constructors read from ``VllmConfig``: the batch's size, the
+    vocabulary's width, no speculative decoding and, for the grammar processor, the model
+    whose tokenizer it loads (``model``); ``fields`` adds others
+    (``structured_outputs_config``)."""
+    model_config = SimpleNamespace(get_vocab_size=lambda: vocab_size)
+    if model is not None:
+        model_config.tokenizer = model_config.model = str(model)
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
-        model_config=SimpleNamespace(get_vocab_size=lambda: vocab_size),
+        model_config=model_config,
+        speculative_config=None,
+        **fields,
     )
 
 

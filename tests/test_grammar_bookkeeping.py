@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from constrained.grammars import GrammarSpec, compile_now, load_vocab
 from constrained.grammars.matcher import words_for
 from constrained.options import Options
 from constrained.processors.grammar_mask import GrammarMaskProcessor
-from tests.simulate import Request, V1Batch
+from tests.simulate import Request, V1Batch, fake_vllm_config
 
 WIDTH = 151_936
 CAPACITY = 12
@@ -56,13 +55,7 @@ def vocab(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def config(tiny_model_dir):
-    return SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=CAPACITY),
-        model_config=SimpleNamespace(
-            get_vocab_size=lambda: WIDTH, tokenizer=tiny_model_dir, model=tiny_model_dir
-        ),
-        speculative_config=None,
-    )
+    return fake_vllm_config(CAPACITY, WIDTH, tiny_model_dir)
 
 
 def spec_for(extra: dict) -> GrammarSpec:

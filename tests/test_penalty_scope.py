@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ from constrained.grammars.matcher import words_for
 from constrained.processors.functional import apply_penalties
 from constrained.processors.grammar_mask import GrammarMaskProcessor
 from constrained.processors.penalties import PenaltiesProcessor
-from tests.simulate import Request, V1Batch
+from tests.simulate import Request, V1Batch, fake_vllm_config
 from tests.test_grammar_bookkeeping import spec_for
 
 WIDTH = 151_936
@@ -46,13 +45,7 @@ def vocab(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def config(tiny_model_dir):
-    return SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=CAPACITY),
-        model_config=SimpleNamespace(
-            get_vocab_size=lambda: WIDTH, tokenizer=tiny_model_dir, model=tiny_model_dir
-        ),
-        speculative_config=None,
-    )
+    return fake_vllm_config(CAPACITY, WIDTH, tiny_model_dir)
 
 
 def test_lexer_tells_keys_from_values():

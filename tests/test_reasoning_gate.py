@@ -30,7 +30,7 @@ from constrained.grammars.reasoning_gate import (
 )
 from constrained.grammars.stack import FailedMatcher, build_stack
 from constrained.processors.grammar_mask import GrammarMaskProcessor
-from tests.simulate import Request, V1Batch
+from tests.simulate import Request, V1Batch, fake_vllm_config
 from tests.test_grammar_bookkeeping import CAPACITY, WIDTH, Reference, config, sample, vocab
 
 __all__ = ["config", "vocab"]  # module fixtures shared with the bookkeeping test
@@ -440,12 +440,7 @@ def test_reasoning_parser_gives_the_default_marker_and_bans_its_implicit_ends():
     tokenizer = vocab36.hf_tokenizer
     think_end, tool_call = (tokenizer.convert_tokens_to_ids(t) for t in ("</think>", "<tool_call>"))
     parser = SimpleNamespace(reasoning_parser="qwen3", enable_in_reasoning=False)
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=4),
-        model_config=SimpleNamespace(get_vocab_size=lambda: width, tokenizer=model, model=model),
-        speculative_config=None,
-        structured_outputs_config=parser,
-    )
+    config = fake_vllm_config(4, width, model, structured_outputs_config=parser)
     assert thinking_ends(config, tokenizer).implicit_ids == {tool_call}
     constrained = SamplingParams(max_tokens=10_000, extra_args={"json_schema": SCHEMA})
     plain = SamplingParams(max_tokens=10_000, extra_args={"min_p": 0.1})

@@ -179,12 +179,17 @@ def turn_over(
     drop: float,
     max_new: int,
     make: Callable[[], Req],
+    eos: int | None = None,
 ) -> set[str]:
-    """One step of a sampler scenario's request life: finish requests that are done (or, at
-    random, preempt them: parked with their output), resume a parked one now and then, admit
-    up to ``max_new`` new ones from ``make``. Returns the ids admitted this step."""
+    """One step of a scenario's request life: finish requests that are done (``max_output``
+    tokens, or ``eos`` sampled) or, at random, preempt them (parked with their output), resume
+    a parked one now and then, admit up to ``max_new`` new ones from ``make``. A request
+    admitted but not yet in a step (no slot) is left alone. Returns the ids admitted this
+    step."""
     for req in list(reqs):
-        ended = len(req.output) >= max_output
+        if req.slot is None:
+            continue
+        ended = len(req.output) >= max_output or (eos is not None and eos in req.output)
         if ended or rng.random() < drop:
             runner.finish(req)
             reqs.remove(req)
@@ -761,31 +766,15 @@ def penalty_scope() -> dict:
             extra["penalize_structure"] = True
         return extra
 
+    def make() -> Req:
+        nonlocal next_id
+        next_id += 1
+        params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=options(next_id))
+        return Req(f"r{next_id}", params, random_tokens(rng, rng.randint(3, 40), 1000))
+
     for step_no in range(36):
-        for req in list(reqs):
-            if req.slot is None:
-                continue
-            ended = eos in req.output or len(req.output) >= 40
-            if ended or rng.random() < 0.05:
-                runner.finish(req)
-                reqs.remove(req)
-                if not ended and req.output:
-                    parked.append(req)
-        fresh: set[str] = set()
-        if parked and runner.num_admitted < GRAMMAR_CAPACITY and rng.random() < 0.4:
-            req = parked.pop(0)
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
-        for _ in range(rng.randint(0, 2)):
-            if runner.num_admitted >= GRAMMAR_CAPACITY:
-                break
-            next_id += 1
-            params = SamplingParams(temperature=1.0, max_tokens=10_000, extra_args=options(next_id))
-            req = Req(f"r{next_id}", params, random_tokens(rng, rng.randint(3, 40), 1000))
-            reqs.append(req)
-            admit_fresh(runner, req, rng)
-            fresh.add(req.req_id)
+        fresh = turn_over(runner, reqs, parked, rng, max_output=40, drop=0.05, max_new=2,
+                          make=make, eos=eos)  # fmt: skip
         plans: dict[str, Plan] = {}
         for req in reqs:
             if req.req_id not in fresh and rng.random() > 0.85:
