@@ -62,9 +62,9 @@ def _rank(piece: bytes, closers_first: bool) -> int:
     """
     if not piece or b"\\" in piece:  # a backslash only starts escapes: never needed
         return int(_NEVER)
-    if all(byte == ord('"') for byte in piece):
-        return 0
-    if all(byte in b'"]}' for byte in piece):
+    if not piece.strip(b'"]}'):  # (strip: at C speed, for each of a vocabulary's pieces)
+        if not piece.strip(b'"'):
+            return 0
         return _CLOSER - len(piece) if closers_first else 70  # '"}}' closes three things at once
     if piece in (b'""', b"[]", b"{}", b"null", b"true", b"false"):
         return _LITERAL

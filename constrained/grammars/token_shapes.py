@@ -32,6 +32,13 @@ TEXT_CLASSES = 1 << 20  # text classes' ids start here (never equal to a structu
 _TEXT = np.ones(256, dtype=bool)
 _TEXT[list(b'"\\')] = False  # inside a JSON string only these end or escape the text
 _TEXT[:0x20] = False  # (control bytes are not text there)
+_PLAIN_RUNS = re.compile(
+    b"[" + b"".join(re.escape(bytes([b])) for b in range(256) if _PLAIN[b]) + b"]+"
+).sub
+_CONTINUATIONS = re.compile(b"[\x80-\xbf]*").match  # UTF-8 continuation bytes (10xxxxxx)
+_TEXT_RUN = re.compile(
+    b"[" + b"".join(re.escape(bytes([b])) for b in range(256) if _TEXT[b]) + b"]*"
+).match
 TEXT_PROBE = b"{}[],: a"  # a row allowing each as a token of its own is inside free text
 
 
@@ -44,26 +51,30 @@ def text_classes(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _classes(vocab: Vocab, text: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``token_classes`` (``text`` false) or ``text_classes``: the class ids, the lengths."""
+    """``token_classes`` (``text`` false) or ``text_classes``: the class ids, the lengths.
+
+    A piece's key: each run of plain bytes as one ``\x00`` (inside free text, its bytes
+    before the first quote, backslash or control byte are plain too), the other bytes as
+    they are, then the UTF-8 bounds."""
     keys: dict[bytes, int] = {}
-    classes = np.full(vocab.width, -1, dtype=np.int64)
-    lengths = np.zeros(vocab.width, dtype=np.int64)
+    classes = [-1] * vocab.width  # (lists, then arrays: a NumPy item set is slower)
+    lengths = [0] * vocab.width
     first = TEXT_CLASSES if text else 0
+    number = keys.setdefault
     for token, piece in enumerate(vocab.token_bytes()):
         if not piece:
             continue
-        key, inside = bytearray(), text
-        for byte in piece:
-            inside = inside and _TEXT[byte]
-            plain = inside or _PLAIN[byte]
-            if not (plain and key[-1:] == b"\x00"):
-                key.append(0 if plain else byte)
+        shape = piece
+        if text:  # (any plain byte stands for the text run: it collapses with what follows)
+            inside = _TEXT_RUN(piece).end()
+            shape = b"a" * inside + piece[inside:]
         # A piece that starts or ends inside a UTF-8 character is not plain text: it needs
         # (or continues) bytes of that character.
-        key += b"\xfe%c\xff%c" % (_leading_continuations(piece), open_bytes(piece))
-        classes[token] = first + keys.setdefault(bytes(key), len(keys))
+        bounds = min(_CONTINUATIONS(piece).end(), 4), open_bytes(piece)
+        key = _PLAIN_RUNS(b"\x00", shape) + b"\xfe%c\xff%c" % bounds
+        classes[token] = first + number(key, len(keys))
         lengths[token] = len(piece)
-    return classes, lengths
+    return np.array(classes, dtype=np.int64), np.array(lengths, dtype=np.int64)
 
 
 def class_order(vocab: Vocab, text: bool = False) -> np.ndarray:
@@ -135,14 +146,6 @@ def prefix_tokens(vocab: Vocab, text: bytes, most: int) -> set[int]:
     found = {by_bytes.get(text[:k]) for k in range(1, min(len(text), most) + 1)}
     found.discard(None)
     return found  # type: ignore[return-value]
-
-
-def _leading_continuations(piece: bytes) -> int:
-    """UTF-8 continuation bytes (10xxxxxx) a piece starts with."""
-    count = 0
-    while count < len(piece) and piece[count] & 0xC0 == 0x80:
-        count += 1
-    return min(count, 4)
 
 
 def open_bytes(piece: bytes) -> int:

@@ -192,11 +192,8 @@ def _token_bytes(vllm_config: Any) -> Callable[[], list]:
     """The served tokenizer's token bytes, loaded on first use (only DRY requests need it)."""
 
     def load() -> list:
-        from constrained.admission import tokenizer_path
-        from constrained.grammars.vocab import load_vocab
+        from constrained.admission import served_vocab
 
-        model_config = vllm_config.model_config
-        width = int(model_config.get_vocab_size())
-        return load_vocab(tokenizer_path(model_config), width).token_bytes()
+        return served_vocab(vllm_config.model_config).token_bytes()
 
     return load

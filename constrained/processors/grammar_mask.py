@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from constrained.admission import closes_at_budget, spec_of, tokenizer_path
-from constrained.grammars import compiler_for, load_vocab
+from constrained.admission import closes_at_budget, served_vocab, spec_of
+from constrained.grammars import compiler_for
 from constrained.grammars.marker import marker_for
 from constrained.grammars.reasoning_gate import Thinking
 from constrained.options import Options
@@ -81,7 +81,7 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
     def _build(self) -> None:
         """The vocabulary, compiler, mask writer and fill (a pipeline stage that never samples
         has none)."""
-        vocab = load_vocab(tokenizer_path(self.vllm_config.model_config), self.logits_width)
+        vocab = served_vocab(self.vllm_config.model_config, self.logits_width)
         # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
         # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
         implicit = thinking_ends(self.vllm_config, vocab.hf_tokenizer).implicit_ids

@@ -1,0 +1,115 @@
+"""The tokenizer's tables (``grammars/vocab.py``), built the fast way, equal the slow ones.
+
+``token_bytes`` decodes the byte-level pieces through one ``str.translate``; the llguidance
+tokenizer is built over those bytes instead of from the tokenizer's JSON. Both must give
+what the straightforward builds give, id for id, on both embedded tokenizers (Qwen2.5's,
+with 271 logits past the tokenizer, and Qwen3.6's).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from constrained.grammars.vocab import Vocab, _byte_decoder
+from constrained.tiny_model import VOCABS, build_tiny_model
+
+
+@pytest.fixture(scope="module", params=sorted(VOCABS))
+def vocab(request) -> Vocab:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_model(request.param)))
+    width = VOCABS[request.param].logits_width
+    return Vocab(tokenizer, width, tokenizer.eos_token_id, key=request.param)
+
+
+def reference_token_bytes(vocab: Vocab) -> list[bytes]:
+    """Each piece decoded character by character (the build before the fast one)."""
+    tok = vocab.hf_tokenizer
+    added = tok.added_tokens_decoder
+    special = set(tok.all_special_ids) | {i for i, t in added.items() if t.special}
+    decoder = _byte_decoder()
+    out = [b""] * vocab.width
+    for piece, token_id in tok.get_vocab().items():
+        if token_id >= vocab.width or token_id in special:
+            continue
+        if token_id in added:
+            out[token_id] = piece.encode()
+        elif all(ch in decoder for ch in piece):
+            out[token_id] = bytes(decoder[ch] for ch in piece)
+        else:
+            out[token_id] = tok.convert_tokens_to_string([piece]).encode()
+    return out
+
+
+def test_token_bytes_equal_the_character_by_character_decode(vocab: Vocab) -> None:
+    fast = vocab.token_bytes()
+    assert len(fast) == vocab.width
+    assert fast == reference_token_bytes(vocab)
+    assert sum(1 for piece in fast if piece) > 100_000
+
+
+def test_llguidance_tokenizer_equals_its_hugging_face_build(vocab: Vocab) -> None:
+    import llguidance.hf
+
+    ours = vocab.llguidance()
+    theirs = llguidance.hf.from_tokenizer(
+        vocab.hf_tokenizer, n_vocab=vocab.width, eos_token=vocab.eos_token_id
+    )
+    assert (ours.vocab_size, ours.eos_tokens) == (theirs.vocab_size, theirs.eos_tokens)
+    assert ours.is_canonical == theirs.is_canonical
+    ids = list(range(vocab.width))
+    differing = [
+        i
+        for i in ids
+        if ours.decode_bytes([i]) != theirs.decode_bytes([i])
+        or ours.is_special_token(i) != theirs.is_special_token(i)
+        or ours.dbg_tokens([i]) != theirs.dbg_tokens([i])
+    ]
+    assert differing == []
+    past = range(len(vocab.hf_tokenizer), vocab.width)  # logits past the tokenizer
+    assert all(ours.is_special_token(i) for i in past)
+    # Tokenizing (llguidance's forced tokens): random texts of whole pieces, some with a
+    # special token's text and some cut mid-character.
+    rng = random.Random(0)
+    pieces = [p for p in vocab.token_bytes() if p]
+    for k in range(600):
+        text = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        if k % 5 == 0:
+            text += b"<|im_end|>" + rng.choice(pieces)
+        assert ours.tokenize_bytes(text) == theirs.tokenize_bytes(text), text
+        if k % 3 == 0:
+            as_str = text.decode("utf-8", "replace")
+            assert ours.tokenize_str(as_str) == theirs.tokenize_str(as_str), as_str
+
+
+def reference_classes(vocab: Vocab, text: bool) -> list[int]:
+    """Each piece's class key built byte by byte (the build before the regex one), numbered
+    in order of first appearance as ``token_shapes`` numbers them."""
+    from constrained.grammars.token_shapes import _PLAIN, _TEXT, TEXT_CLASSES, open_bytes
+
+    keys: dict[bytes, int] = {}
+    out = [-1] * vocab.width
+    for token, piece in enumerate(vocab.token_bytes()):
+        if not piece:
+            continue
+        key, inside = bytearray(), text
+        for byte in piece:
+            inside = inside and _TEXT[byte]
+            plain = inside or _PLAIN[byte]
+            if not (plain and key[-1:] == b"\x00"):
+                key.append(0 if plain else byte)
+        leading = len(piece) - len(piece.lstrip(bytes(range(0x80, 0xC0))))
+        key += b"\xfe%c\xff%c" % (min(leading, 4), open_bytes(piece))
+        out[token] = (TEXT_CLASSES if text else 0) + keys.setdefault(bytes(key), len(keys))
+    return out
+
+
+def test_closing_classes_equal_the_byte_by_byte_build(vocab: Vocab) -> None:
+    from constrained.grammars.token_shapes import text_classes, token_classes
+
+    for text, (classes, lengths) in ((False, token_classes(vocab)), (True, text_classes(vocab))):
+        assert classes.tolist() == reference_classes(vocab, text)
+        assert lengths.tolist() == [len(piece) for piece in vocab.token_bytes()]
