@@ -37,8 +37,8 @@ def test_builds_prints_its_directory_last_and_reuses_it(tmp_path, vocab, width):
     assert digest(first) == before
 
 
-def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
-    a = cli("--out", str(tmp_path / "a"))
+def test_same_seed_same_weights_other_seed_other_weights(tmp_path, tiny_model_dir):
+    a = tiny_model_dir  # the session's build of seed 0 (in the pytest process, or cached)
     b = cli("--out", str(tmp_path / "b"))
     c = cli("--out", str(tmp_path / "c"), "--seed", "1")
     assert digest(a) == digest(b) != digest(c)
