@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
     wide = dry_kernel.BLOCK
     for case_no in range(count):
         case = make_case(rng)
-        dry_kernel.BLOCK = wide if case_no % 2 else rng.choice([4, 16, 32])
+        dry_kernel.BLOCK = wide if case_no % 2 else rng.choice([8, 16, 32])
         ctx = case["ctx"]
         first = np.zeros(len(ctx.idx_mapping_np), dtype=np.int64)
         windows = case["cols"]["dry_window"].numpy()[ctx.idx_mapping_np]
