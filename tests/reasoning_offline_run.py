@@ -44,7 +44,7 @@ if __name__ == "__main__":
         for _, _, thinking in cases
     ]  # fmt: skip
     params = [
-        SamplingParams(temperature=1.0, seed=3, max_tokens=200, extra_args=extra)
+        SamplingParams(temperature=1.0, seed=3, max_tokens=120, extra_args=extra)
         for _, extra, _ in cases
     ]
     outputs = llm.generate(prompts, params, use_tqdm=False)
