@@ -1,4 +1,4 @@
-"""Our processors on vLLM's real Model Runner V2 sampler, on CPU, in a subprocess.
+"""Our processors on vLLM's real Model Runner V2 sampler, on CPU: one subprocess per scenario.
 
 Real vLLM code (``tests/v2_real/harness.py``): ``RequestState``, vLLM's loader building our
 processors, the ``Sampler`` with its built-in logit-bias / penalties / temperature / min-p
@@ -7,11 +7,10 @@ stages and ``apply_sampling_params``, the runner's input kernels, the rejection 
 Triton's interpreter. Simulated: the scheduler, the model (random logits), the drafter and the
 accept/sample decision.
 
-The harness patches Triton and torch globally, so the scenarios run in a process of their own
-(``python -m tests.v2_real.scenarios NAME...``, all the selected ones in one process: its
-set-up is paid once); this file never imports it. A scenario stops with a message on the first
-mismatch (its test fails with it), or prints one ``V2REAL {json}`` line of counts that must
-reach the minimums below, so that nothing passes vacuously. Never skipped.
+The harness patches Triton and torch globally, so each scenario runs in its own process
+(``python -m tests.v2_real.scenarios NAME``); this file never imports it. A scenario exits
+non-zero with a message on the first mismatch, and prints one ``V2REAL {json}`` line of counts
+that must reach the minimums below, so that nothing passes vacuously. Never skipped.
 """
 
 from __future__ import annotations
@@ -166,10 +165,7 @@ MINIMUMS: dict[str, dict[str, int]] = {
 }
 
 
-def run_scenarios(names: list[str]) -> dict[str, dict | str]:
-    """Run the scenarios in one subprocess (``python -m tests.v2_real.scenarios NAME...``:
-    the interpreter's set-up, about 12 s, paid once). Each scenario's counts, or the error it
-    failed with."""
+def run_scenario(name: str) -> dict:
     env = dict(os.environ)
     for key, value in (
         ("HF_HUB_OFFLINE", "1"),
@@ -177,68 +173,41 @@ def run_scenarios(names: list[str]) -> dict[str, dict | str]:
         ("TOKENIZERS_PARALLELISM", "false"),
     ):
         env.setdefault(key, value)
-    timeout = TIMEOUT_S * len(names)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.v2_real.scenarios", *names],
+            [sys.executable, "-m", "tests.v2_real.scenarios", name],
             cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-4000:]
-        pytest.fail(f"scenarios {names} ran past {timeout} s; stderr tail:\n{tail!r}")
-    results: dict[str, dict | str] = {}
-    for line in proc.stdout.splitlines():
-        tag, _, body = line.partition(" ")
-        if tag == "V2REAL":
-            counts = json.loads(body)
-            results[counts.pop("scenario", names[0])] = counts
-        elif tag == "V2REAL-FAILED":
-            failure = json.loads(body)
-            results[failure["scenario"]] = failure["error"]
-    for name in names:
-        if name not in results:  # the process died before this scenario's line
-            results[name] = (
-                f"no counts line (exit status {proc.returncode}); stderr tail:\n"
-                f"{proc.stderr[-6000:]}\nstdout tail:\n{proc.stdout[-2000:]}"
-            )
-    return results
+        pytest.fail(f"scenario {name} ran past {TIMEOUT_S} s; stderr tail:\n{tail!r}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scenario {name} exited {proc.returncode}; stderr tail:\n{proc.stderr[-6000:]}"
+            f"\nstdout tail:\n{proc.stdout[-2000:]}"
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("V2REAL ")]
+    assert len(lines) == 1, f"scenario {name}: no counts line; stdout:\n{proc.stdout[-2000:]}"
+    return json.loads(lines[0].removeprefix("V2REAL "))
 
 
-@pytest.fixture(scope="module")
-def scenario_results(request) -> dict[str, dict | str]:
-    """The scenarios of this module's selected tests (``test_NAME`` runs scenario ``NAME``),
-    all in one subprocess, on the first test's call."""
-    names = [
-        item.name.removeprefix("test_")
-        for item in request.session.items
-        if item.module is request.module and item.name.removeprefix("test_") in MINIMUMS
-    ]
-    return run_scenarios(names)
+def check_counts(name: str) -> dict:
+    counts = run_scenario(name)
+    short = {k: (counts.get(k), want) for k, want in MINIMUMS[name].items()
+             if not counts.get(k, 0) >= want}  # fmt: skip
+    assert not short, f"scenario {name} covered too little (got, minimum): {short}; {counts}"
+    # Every apply of ours ran under the sync guard (``v2_real/sync_guard.py``): no host read
+    # of a device tensor but the grammar mask's one fetch, at most once per apply call.
+    assert counts["guarded_apply_calls"] >= 100, counts
+    assert counts["max_fetches_per_apply"] <= 1, counts
+    return counts
 
 
-@pytest.fixture
-def check_counts(scenario_results):
-    def check(name: str) -> dict:
-        counts = scenario_results[name]
-        if isinstance(counts, str):
-            pytest.fail(f"scenario {name} failed:\n{counts}")
-        short = {k: (counts.get(k), want) for k, want in MINIMUMS[name].items()
-                 if not counts.get(k, 0) >= want}  # fmt: skip
-        assert not short, f"scenario {name} covered too little (got, minimum): {short}; {counts}"
-        # Every apply of ours ran under the sync guard (``v2_real/sync_guard.py``): no host
-        # read of a device tensor but the grammar mask's one fetch, at most once per apply.
-        assert counts["guarded_apply_calls"] >= 100, counts
-        assert counts["max_fetches_per_apply"] <= 1, counts
-        return counts
-
-    return check
-
-
-def test_builtin_equivalence(check_counts) -> None:
+def test_builtin_equivalence() -> None:
     """``logit_bias``, penalties and ``min_p`` via ``extra_args`` give exactly vLLM's built-in V2
     rows (twin slots, T = 1 and 0.7), windows and scopes give the reference's rows; with
     draft rows, placeholder rows, chunked prefill, resumed requests, prefix hits, recycled
@@ -247,7 +216,7 @@ def test_builtin_equivalence(check_counts) -> None:
     check_counts("builtin_equivalence")
 
 
-def test_grammar_masks(check_counts) -> None:
+def test_grammar_masks() -> None:
     """Every constrained row's allowed set equals a fresh reference matcher's, at the logits
     width of the tiny model's real tokenizer, over draft rows (valid and junk drafts), -1
     placeholder draft rows, chunked prefill, resumed and recycled slots, chunked calls and
@@ -258,7 +227,7 @@ def test_grammar_masks(check_counts) -> None:
     assert counts["host_fetches"] >= 30, counts  # the fetch ran, once per constrained call
 
 
-def test_penalty_scope(check_counts) -> None:
+def test_penalty_scope() -> None:
     """Penalties that spare the structure (``penalize_structure`` off) under V2, with the
     grammar first: a structure row keeps the masked logits bit for bit; an open row gets
     the penalties over the content tokens only (committed and content drafts), as a
@@ -266,7 +235,7 @@ def test_penalty_scope(check_counts) -> None:
     check_counts("penalty_scope")
 
 
-def test_budget_closing(check_counts) -> None:
+def test_budget_closing() -> None:
     """``close_at_max_tokens`` on vLLM's real V2 sampler: every row allows a subset of what the
     grammar allows, and every request, drafts accepted where its rows allow them, preempted
     and resumed mid-closing, ends with end-of-sequence by ``max_tokens``, its output
@@ -274,7 +243,7 @@ def test_budget_closing(check_counts) -> None:
     check_counts("budget_closing")
 
 
-def test_reasoning(check_counts) -> None:
+def test_reasoning() -> None:
     """``reasoning_end`` on vLLM's real V2 sampler: thinking rows untouched but for
     end-of-sequence, the request's stop tokens and tokens that would complete the marker
     with text after it (or forced to the marker), rows after the marker within the grammar,
@@ -283,13 +252,13 @@ def test_reasoning(check_counts) -> None:
     check_counts("reasoning")
 
 
-def test_penalty_placeholders(check_counts) -> None:
+def test_penalty_placeholders() -> None:
     """Rows of a step that starts inside the prefill get -1 placeholder drafts from vLLM:
     penalised rows must not count token ``vocab - 1`` for them (twins and windows)."""
     check_counts("penalty_placeholders")
 
 
-def test_truncation_samplers(check_counts) -> None:
+def test_truncation_samplers() -> None:
     """Top-n-sigma, typical-p and XTC rows keep exactly the reference's tokens (XTC's draw at
     the row's own position), over draft and placeholder rows, chunked prefill, resumed and
     recycled slots and chunked calls; plain and greedy rows untouched; no host reads."""
@@ -297,7 +266,7 @@ def test_truncation_samplers(check_counts) -> None:
     assert counts["host_fetches"] == 0, counts
 
 
-def test_ngram_sampler(check_counts) -> None:
+def test_ngram_sampler() -> None:
     """``no_repeat_ngram_size`` rows ban exactly the reference's tokens for the output each row
     sees (committed tokens, then the drafts before it), with windows and whitelists, over
     draft and placeholder rows, resumed and recycled slots and chunked calls; no host reads."""
@@ -305,7 +274,7 @@ def test_ngram_sampler(check_counts) -> None:
     assert counts["host_fetches"] == 0, counts
 
 
-def test_dry_sampler(check_counts) -> None:
+def test_dry_sampler() -> None:
     """DRY rows equal a line-by-line port of llama.cpp's ``llama_sampler_dry_apply`` for the
     tokens each row sees (prompt, committed output, drafts), breakers from the tiny model's
     real tokenizer, over draft and placeholder rows, resumed and recycled slots and chunked
@@ -314,7 +283,7 @@ def test_dry_sampler(check_counts) -> None:
     assert counts["host_fetches"] == 0, counts
 
 
-def test_tensor_parallel_ranks(check_counts) -> None:
+def test_tensor_parallel_ranks() -> None:
     """Two sets of our processors, as two tensor-parallel ranks build them, driven through the
     same steps of vLLM's real V2 sampler hand on bit-identical logits at every row of every
     step: every option kind mixed (grammars, unseeded XTC, penalties, DRY, no-repeat-ngram,

@@ -1541,43 +1541,20 @@ def tensor_parallel_ranks() -> dict:
     return stats
 
 
-def run_one(name: str) -> dict:
-    """One scenario's counts, with its time and floats rounded for the JSON line."""
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in SCENARIOS:
+        print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}")
+        return 2
+    harness.check_vllm_internals()
     start = time.monotonic()
-    counts = SCENARIOS[name]()
+    counts = SCENARIOS[argv[0]]()
     counts["seconds"] = round(time.monotonic() - start, 1)
-    return {
+    counts = {
         k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
         for k, v in counts.items()
     }
-
-
-def main(argv: list[str]) -> int:
-    """One scenario (``NAME``: its ``V2REAL`` line; a mismatch raises, exit status 1), or
-    several in this one process (``NAME NAME...``: the interpreter's set-up paid once), each
-    run whatever the others did: a ``V2REAL`` line naming it (``scenario``), or a
-    ``V2REAL-FAILED`` line with its error; exit status 1 if any failed."""
-    if not argv or any(name not in SCENARIOS for name in argv):
-        print(f"usage: python -m tests.v2_real.scenarios {{{','.join(SCENARIOS)}}}...")
-        return 2
-    harness.check_vllm_internals()
-    if len(argv) == 1:
-        harness.emit(run_one(argv[0]))
-        return 0
-    import json
-    import traceback
-
-    failed = 0
-    for name in argv:
-        try:
-            counts = run_one(name)
-        except (Exception, SystemExit):
-            failed += 1
-            error = {"scenario": name, "error": traceback.format_exc()[-6000:]}
-            print("V2REAL-FAILED " + json.dumps(error), flush=True)
-            continue
-        harness.emit({"scenario": name, **counts})
-    return 1 if failed else 0
+    harness.emit(counts)
+    return 0
 
 
 if __name__ == "__main__":
