@@ -12,17 +12,14 @@ import random
 
 import pytest
 
-from constrained.grammars.vocab import Vocab, _byte_decoder
+from constrained.grammars.vocab import Vocab, _byte_decoder, load_vocab
 from constrained.tiny_model import VOCABS, build_tiny_model
 
 
 @pytest.fixture(scope="module", params=sorted(VOCABS))
 def vocab(request) -> Vocab:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_model(request.param)))
-    width = VOCABS[request.param].logits_width
-    return Vocab(tokenizer, width, tokenizer.eos_token_id, key=request.param)
+    # The process's own (other tests' too): what the engine and admission build.
+    return load_vocab(str(build_tiny_model(request.param)), VOCABS[request.param].logits_width)
 
 
 def reference_token_bytes(vocab: Vocab) -> list[bytes]:

@@ -22,6 +22,8 @@ SUMMARY_KEYS = (
     "tokens_per_s",
     "seconds",
     "cold_seconds",
+    "cold_admission_s",
+    "cold_steps_s",
     "startup_s",
     "output_tokens",
     "mean_output_tokens",
@@ -30,7 +32,7 @@ SUMMARY_KEYS = (
     "valid_all_share",
 )
 # Median values of our configurations that also get a ratio to vLLM's (``KEY_over_vllm``).
-RATIO_KEYS = ("requests_per_s", "tokens_per_s", "step_ms_at_3_4_batch")
+RATIO_KEYS = ("requests_per_s", "tokens_per_s", "step_ms_at_3_4_batch", "cold_seconds")
 
 
 def write_json(path: pathlib.Path, report: dict[str, Any]) -> None:

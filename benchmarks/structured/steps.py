@@ -32,6 +32,23 @@ def time_steps(engine: Any) -> list[tuple[float, int]]:
     return steps
 
 
+def time_calls(engine: Any, name: str) -> list[float]:
+    """Wrap the engine's method ``name`` (e.g. ``add_request``): each call's seconds.
+    ``del engine.<name>`` restores the class's method."""
+    seconds: list[float] = []
+    original = getattr(engine, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(engine, name, timed)
+    return seconds
+
+
 def step_fit(steps: list[tuple[float, int]], at: float) -> dict[str, Any] | None:
     """Least-squares ``ms = intercept + slope * running`` over the decoding steps.
 
