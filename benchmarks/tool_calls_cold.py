@@ -1,0 +1,595 @@
+"""Tool calls through vLLM's stock OpenAI server, first (cold) and second (warm) pass: ours
+against vLLM's own structured outputs (issue #55, second speed target).
+
+The tools are real user-contributed function schemas: MaskBench's ``Glaiveai2K---*.json``
+files (the parameters of functions from the Glaive function-calling dataset), read from
+``--maskbench``. Each becomes ``{"type": "function", "function": {"name": NAME,
+"description": ..., "parameters": SCHEMA, "strict": true}}``, ``NAME`` taken from the file
+name (``Glaiveai2K---calculate_area_1a2b3c4d.json``: ``calculate_area``; MaskBench keeps no
+function description, so the description is the name in words). ``--tools`` files with
+distinct names are drawn with ``--seed``, keeping only those both configurations admit: a
+quick admission probe (one streamed named-``tool_choice`` request per candidate, closed at
+its first chunk) on a probe server of each configuration, thrown away afterwards; the
+skipped files and each side's refusal are in the JSON.
+
+Two request shapes, ``max_tokens`` ``--max-tokens``, temperature 1.0, seed
+``--request-seed + i`` for request ``i``:
+
+- ``named``: one tool per request, ``tool_choice: {"type": "function", "function":
+  {"name": NAME}}`` (``--tools`` requests);
+- ``required``: two tools per request (disjoint pairs of the selection),
+  ``tool_choice: "required"`` (``--tools // 2`` requests).
+
+Configurations, both vLLM's stock server (``python -m vllm.entrypoints.openai.api_server``,
+``tests/stock_server.py``) on the embedded tiny Qwen2 model with the same flags
+(``--enable-auto-tool-choice --tool-call-parser hermes``, the xgrammar backend with
+``disable_any_whitespace``, ``--max-model-len 1024 --max-num-seqs 64``):
+
+- ``ours``: ``VLLM_PLUGINS=constrained``: vLLM's tool parser builds its structural tag,
+  admission moves it to our grammar processor (``constrained/openai_routing.py``);
+- ``vllm``: ``VLLM_PLUGINS=`` (no endpoint plugin) and ``CONSTRAINED_ENTRY_POINTS=0`` (the
+  installed processors inert): vLLM's own structured outputs enforce the same tag.
+
+For each shape and configuration a fresh server with an empty compiled-grammar store
+(``CONSTRAINED_GRAMMAR_STORE``, a new temporary directory) is started, warmed up with one
+plain request and one tool request on a tool outside the selection (the process's one-time
+costs: tokenizer tables, the grammar compiler; timed and reported apart), then the shape's
+requests are sent by ``--clients`` concurrent clients (threads, one ``httpx`` client), all of
+them twice: the first pass (every tool schema new to the server) and the second pass (the
+same requests again). Per pass: wall time, per-request latency, output tokens, and for
+every request its tool calls, each call's arguments parsed as JSON and validated with
+``jsonschema`` against that tool's parameters (``tests/output_checks.check_output``);
+counted as valid (at least one call, every call valid), finished (``finish_reason`` not
+``length``) and cut at ``max_tokens``. Shapes alternate which configuration runs first.
+Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
+
+Usage::
+
+    python -m benchmarks.tool_calls_cold --out benchmarks/results/tool_calls_cold_1202
+    python -m benchmarks.tool_calls_cold --tools 4 --clients 2 --out /tmp/smoke   # smoke test
+
+On a shared machine run it under ``flock /tmp/engine.lock`` with ``HF_HUB_OFFLINE=1
+VLLM_CPU_KVCACHE_SPACE=2``: it starts six servers one after another (two probe servers, then
+one per shape and configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import json
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from benchmarks.common import machine_info, median, percentile, str_list
+from benchmarks.structured.schemas import DEFAULT_MASKBENCH, load_schema
+
+CONFIGS = ("ours", "vllm")
+SHAPES = ("named", "required")
+PREFIX = "Glaiveai2K---"
+TOOL_PARSER = "hermes"  # Qwen2/2.5's tool-call format (<tool_call>{JSON}</tool_call>)
+SERVER_FLAGS = (
+    "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER,
+    "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    "--max-model-len", "1024", "--max-num-seqs", "64",
+)  # fmt: skip
+# What each configuration changes in the server's environment (besides its grammar store).
+CONFIG_ENV = {
+    "ours": {"VLLM_PLUGINS": "constrained", "CONSTRAINED_ENTRY_POINTS": "1"},
+    "vllm": {"VLLM_PLUGINS": "", "CONSTRAINED_ENTRY_POINTS": "0"},
+}
+COLORS = {"ours": "#ff7f0e", "vllm": "#1f77b4"}
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+def function_name(file_name: str) -> str:
+    """``Glaiveai2K---calculate_area_1a2b3c4d.json`` -> ``calculate_area``."""
+    stem = file_name.removeprefix(PREFIX).removesuffix(".json")
+    head, _, tail = stem.rpartition("_")
+    return head if head and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail) else stem
+
+
+def make_tool(maskbench: pathlib.Path, file_name: str) -> dict[str, Any]:
+    """The OpenAI tool of one MaskBench Glaive file (its schema as the parameters, strict)."""
+    name = function_name(file_name)
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": name.replace("_", " "),
+            "parameters": load_schema(maskbench, file_name),
+            "strict": True,
+        },
+    }
+
+
+def candidates(maskbench: pathlib.Path, seed: int) -> list[str]:
+    """Every Glaive file, shuffled with ``seed``, the first of each function name only."""
+    files = sorted(p.name for p in maskbench.glob(f"{PREFIX}*.json"))
+    random.Random(seed).shuffle(files)
+    seen: set[str] = set()
+    kept = []
+    for name in files:
+        if function_name(name) not in seen:
+            seen.add(function_name(name))
+            kept.append(name)
+    return kept
+
+
+def named_request(tool: dict[str, Any], seed: int, max_tokens: int) -> dict[str, Any]:
+    name = tool["function"]["name"]
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"Call {name}."}],
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": name}},
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+    }
+
+
+def required_request(tools: list[dict[str, Any]], seed: int, max_tokens: int) -> dict[str, Any]:
+    names = " or ".join(t["function"]["name"] for t in tools)
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"Call {names}."}],
+        "tools": tools,
+        "tool_choice": "required",
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+    }
+
+
+def shape_requests(
+    shape: str, tools: list[dict[str, Any]], first_seed: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """The requests of one shape: one per tool (``named``), one per disjoint pair
+    (``required``)."""
+    if shape == "named":
+        return [named_request(t, first_seed + i, max_tokens) for i, t in enumerate(tools)]
+    pairs = [tools[i : i + 2] for i in range(0, len(tools) - 1, 2)]
+    return [required_request(p, first_seed + i, max_tokens) for i, p in enumerate(pairs)]
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server_of(config: str, model: str, workdir: pathlib.Path):
+    """A fresh stock server of ``config`` with an empty grammar store; yields ``(server,
+    startup_s)`` and stops it afterwards."""
+    from tests.stock_server import start_stock_server
+
+    env = {**CONFIG_ENV[config], "CONSTRAINED_GRAMMAR_STORE": str(workdir / "grammars")}
+    saved = {k: os.environ.get(k) for k in env}
+    plugins = env.pop("VLLM_PLUGINS")
+    os.environ.update(env)  # start_stock_server passes os.environ on; this process runs no engine
+    try:
+        start = time.perf_counter()
+        server = start_stock_server(model, workdir, SERVER_FLAGS, plugins=plugins)
+        startup = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield server, startup
+    finally:
+        server.stop()
+
+
+def post(client: Any, base: str, body: dict[str, Any]) -> tuple[int, Any, float]:
+    """``(status, JSON body or text, seconds)`` of one chat completion."""
+    start = time.perf_counter()
+    resp = client.post(base + "/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - start
+    try:
+        return resp.status_code, resp.json(), seconds
+    except ValueError:
+        return resp.status_code, resp.text, seconds
+
+
+def probe(client: Any, base: str, body: dict[str, Any]) -> str | None:
+    """``None`` when the server admits ``body`` (streamed; closed at its first data chunk,
+    which comes once the engine produced a token, its grammar compiled), else why not."""
+    with client.stream(
+        "POST", base + "/v1/chat/completions", json={**body, "stream": True}
+    ) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            return f"HTTP {resp.status_code}: {_error_text(resp.text)}"
+        for line in resp.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return None
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return f"stream error: {_error_text(data)}"
+            return None
+    return "no data"
+
+
+def _error_text(text: str) -> str:
+    try:
+        found = json.loads(text)
+        found = found.get("error", found)
+        message = found.get("message", str(found)) if isinstance(found, dict) else str(found)
+    except (ValueError, AttributeError):
+        message = text
+    return " ".join(str(message).split())[:300]
+
+
+# --- judging -------------------------------------------------------------------------------
+
+
+def judge(status: int, body: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """What one response holds: finish reason, tokens, each tool call checked."""
+    from tests.output_checks import check_output
+
+    if status != 200 or not isinstance(body, dict):
+        return {"status": "error", "http": status, "error": _error_text(json.dumps(body))}
+    choice = body["choices"][0]
+    message = choice.get("message") or {}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in request["tools"]}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        if name not in schemas:
+            calls.append({"name": name, "status": "unknown_tool", "arguments": arguments})
+            continue
+        verdict, detail = check_output(arguments, schemas[name])
+        calls.append({"name": name, "status": verdict, "detail": detail, "arguments": arguments})
+    if not calls:
+        verdict = "no_call"
+    elif all(c["status"] == "valid" for c in calls):
+        verdict = "valid"
+    else:
+        verdict = next(c["status"] for c in calls if c["status"] != "valid")
+    return {
+        "status": verdict,
+        "finish_reason": choice.get("finish_reason"),
+        "completion_tokens": (body.get("usage") or {}).get("completion_tokens", 0),
+        "calls": calls,
+        "content": (message.get("content") or "")[:200],
+    }
+
+
+def pass_summary(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    n = len(records)
+    tokens = sum(r.get("completion_tokens", 0) for r in records)
+    latencies = [r["latency_s"] for r in records]
+    return {
+        "requests": n,
+        "wall_s": wall,
+        "valid": sum(r["status"] == "valid" for r in records),
+        "finished": sum(r.get("finish_reason") not in (None, "length") for r in records),
+        "cut_at_max_tokens": sum(r.get("finish_reason") == "length" for r in records),
+        "errors": sum(r["status"] == "error" for r in records),
+        "tool_calls": sum(len(r.get("calls", ())) for r in records),
+        "statuses": dict(collections.Counter(r["status"] for r in records)),
+        "finish_reasons": dict(collections.Counter(str(r.get("finish_reason")) for r in records)),
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else None,
+        "latency_median_s": median(latencies) if latencies else None,
+        "latency_p90_s": percentile(latencies, 90) if latencies else None,
+    }
+
+
+def run_pass(
+    client: Any, base: str, requests: list[dict[str, Any]], clients: int
+) -> tuple[float, list[dict[str, Any]]]:
+    """Send every request, ``clients`` at a time; ``(wall seconds, records in order)``."""
+    records: list[dict[str, Any] | None] = [None] * len(requests)
+    lock = threading.Lock()
+    todo = iter(range(len(requests)))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            status, body, seconds = post(client, base, requests[i])
+            record = judge(status, body, requests[i])
+            record["tools"] = [t["function"]["name"] for t in requests[i]["tools"]]
+            record["latency_s"] = seconds
+            records[i] = record
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(worker) for _ in range(clients)]:
+            future.result()
+    return time.perf_counter() - start, records  # type: ignore[return-value]
+
+
+def same_calls(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int:
+    """How many requests got the same tool calls (names and argument text) in both passes."""
+
+    def key(r: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(c["name"], c["arguments"]) for c in r.get("calls", ())]
+
+    return sum(key(x) == key(y) and x["status"] != "error" for x, y in zip(a, b, strict=True))
+
+
+# --- the parts -----------------------------------------------------------------------------
+
+
+def select_tools(
+    args: argparse.Namespace, model: str, client: Any, tmp: pathlib.Path
+) -> dict[str, Any]:
+    """Probe candidates on one server of each configuration until ``--tools`` (+1 for the
+    warm-up) are admitted by both; the chosen files, the skipped ones and why."""
+    pool = candidates(args.maskbench, args.seed)
+    need = args.tools + 1  # the last admitted one is the warm-up tool
+    verdicts: dict[str, dict[str, str | None]] = {c: {} for c in CONFIGS}
+    with contextlib.ExitStack() as stack:
+        bases = {}
+        for config in CONFIGS:
+            workdir = tmp / f"probe-{config}"
+            workdir.mkdir()
+            server, startup = stack.enter_context(server_of(config, model, workdir))
+            bases[config] = server.base
+            print(f"probe server {config}: up in {startup:.1f} s", flush=True)
+        admitted: list[str] = []
+        start, chunk = 0, need + max(4, need // 4)
+        while len(admitted) < need and start < len(pool):
+            batch = pool[start : start + chunk]
+            start += len(batch)
+            for config in CONFIGS:
+                bodies = [named_request(make_tool(args.maskbench, f), 0, args.max_tokens)
+                          for f in batch]  # fmt: skip
+                with concurrent.futures.ThreadPoolExecutor(args.clients) as ex:
+                    found = list(ex.map(lambda b, c=config: probe(client, bases[c], b), bodies))
+                verdicts[config].update(zip(batch, found, strict=True))
+            admitted += [f for f in batch if all(verdicts[c][f] is None for c in CONFIGS)]
+            chunk = max(4, (need - len(admitted)) * 2)
+    probed = [f for f in pool if f in verdicts[CONFIGS[0]]]
+    skipped = [
+        {"file": f, **{f"{c}_refusal": verdicts[c][f] for c in CONFIGS}}
+        for f in probed
+        if any(verdicts[c][f] is not None for c in CONFIGS)
+    ]
+    if len(admitted) < need:
+        raise SystemExit(f"only {len(admitted)} Glaive files admitted by both; need {need}")
+    chosen = admitted[:need]
+    probed = probed[: probed.index(chosen[-1]) + 1]  # candidates looked at, in order
+    skipped = [s for s in skipped if s["file"] in probed]
+    counts = {
+        f"refused_by_{c}": sum(s[f"{c}_refusal"] is not None for s in skipped) for c in CONFIGS
+    }
+    counts["refused_by_both"] = sum(all(s[f"{c}_refusal"] for c in CONFIGS) for s in skipped)
+    return {
+        "candidates_probed": len(probed),
+        "skipped": skipped,
+        "skipped_count": len(skipped),
+        "skipped_counts": counts,
+        "files": chosen[: args.tools],
+        "warmup_file": chosen[-1],
+    }
+
+
+def run_config(
+    args: argparse.Namespace,
+    config: str,
+    shape: str,
+    model: str,
+    client: Any,
+    tools: list[dict[str, Any]],
+    warmup_tool: dict[str, Any],
+    tmp: pathlib.Path,
+) -> dict[str, Any]:
+    """One fresh server: warm-up, then the shape's requests twice."""
+    requests = shape_requests(shape, tools, args.request_seed, args.max_tokens)
+    workdir = tmp / f"{shape}-{config}"
+    workdir.mkdir()
+    with server_of(config, model, workdir) as (server, startup):
+        plain = {"model": "tiny", "messages": [{"role": "user", "content": "Hello."}],
+                 "max_tokens": 8, "temperature": 1.0, "seed": 0}  # fmt: skip
+        _, _, plain_s = post(client, server.base, plain)
+        warm = named_request(warmup_tool, 0, args.max_tokens)
+        if shape == "required":
+            warm = required_request([warmup_tool], 0, args.max_tokens)
+        status, body, tool_s = post(client, server.base, warm)
+        warmup = {"plain_s": plain_s, "tool_s": tool_s, "tool": judge(status, body, warm)}
+        passes = []
+        for number in (1, 2):
+            wall, records = run_pass(client, server.base, requests, args.clients)
+            summary = pass_summary(records, wall)
+            passes.append({"pass": number, "summary": summary, "records": records})
+            print(
+                f"{shape:8s} {config:4s} pass {number}: {wall:7.2f} s, valid "
+                f"{summary['valid']}/{summary['requests']}, cut {summary['cut_at_max_tokens']}, "
+                f"errors {summary['errors']}, {summary['completion_tokens']} tokens",
+                flush=True,
+            )
+    return {
+        "shape": shape,
+        "config": config,
+        "startup_s": startup,
+        "warmup": warmup,
+        "same_calls_both_passes": same_calls(passes[0]["records"], passes[1]["records"]),
+        "passes": passes,
+    }
+
+
+def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per shape and configuration, with the ours/vllm ratios on ``ours`` rows."""
+    by = {(r["shape"], r["config"]): r for r in runs}
+    rows = []
+    for (shape, config), run in by.items():
+        first, second = (p["summary"] for p in run["passes"])
+        row = {
+            "shape": shape,
+            "config": config,
+            "requests": first["requests"],
+            "first_s": first["wall_s"],
+            "second_s": second["wall_s"],
+            "cold_penalty_s": first["wall_s"] - second["wall_s"],
+            "warmup_tool_s": run["warmup"]["tool_s"],
+            "valid_first": first["valid"],
+            "valid_second": second["valid"],
+            "finished_first": first["finished"],
+            "cut_first": first["cut_at_max_tokens"],
+            "errors_first": first["errors"],
+            "tokens_first": first["completion_tokens"],
+            "tokens_second": second["completion_tokens"],
+        }
+        other = by.get((shape, "vllm"))
+        if config == "ours" and other:
+            o_first, o_second = (p["summary"]["wall_s"] for p in other["passes"])
+            row["first_ratio_ours_over_vllm"] = first["wall_s"] / o_first
+            row["second_ratio_ours_over_vllm"] = second["wall_s"] / o_second
+        rows.append(row)
+    return rows
+
+
+def plot(record: dict[str, Any], path: pathlib.Path) -> None:
+    """Per shape: first- and second-pass wall time of each configuration, valid counts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = record["table"]
+    shapes = [s for s in SHAPES if any(r["shape"] == s for r in rows)]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        mine = [r for r in rows if r["shape"] == shape]
+        for i, r in enumerate(mine):
+            for j, (key, label) in enumerate((("first_s", "first"), ("second_s", "second"))):
+                x = i + (j - 0.5) * 0.38
+                ax.bar(x, r[key], 0.36, color=COLORS.get(r["config"], "#777777"),
+                       alpha=1.0 if j == 0 else 0.5)  # fmt: skip
+                valid = r["valid_first"] if j == 0 else r["valid_second"]
+                ax.text(x, r[key], f"{label}\n{r[key]:.1f} s\nvalid {valid}/{r['requests']}",
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+        top = max([1.0, *(r["first_s"] for r in mine)])
+        ax.set_ylim(0, top * 1.35)
+        ax.set_xticks(range(len(mine)), [r["config"] for r in mine])
+        ax.set_ylabel("wall time of the pass (s)")
+        ours = next((r for r in mine if "first_ratio_ours_over_vllm" in r), None)
+        ratio = ""
+        if ours:
+            ratio = (f"\nours/vllm: first {ours['first_ratio_ours_over_vllm']:.2f}, "
+                     f"second {ours['second_ratio_ours_over_vllm']:.2f}")  # fmt: skip
+        title = "named tool_choice, 1 tool" if shape == "named" else "required, 2 tools"
+        ax.set_title(f"{title}, {mine[0]['requests']} requests{ratio}", fontsize=10)
+    s, m = record["settings"], record["machine"]
+    fig.suptitle(
+        f"Tool calls, {s['tools']} Glaive tools, {s['clients']} clients, max_tokens "
+        f"{s['max_tokens']}, T=1; {m['cpu_model']} x{m['cpu_cores']}, vLLM {m['vllm']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tools", type=int, default=60, help="Glaive tool schemas used")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tool selection")
+    parser.add_argument("--request-seed", type=int, default=1000, help="seed of request 0")
+    parser.add_argument("--shapes", type=str_list, default=list(SHAPES), help=",".join(SHAPES))
+    parser.add_argument("--maskbench", type=pathlib.Path, default=DEFAULT_MASKBENCH)
+    parser.add_argument("--out", default="benchmarks/results/tool_calls_cold")
+    args = parser.parse_args(argv)
+    if any(s not in SHAPES for s in args.shapes):
+        parser.error(f"--shapes: choose from {SHAPES}")
+    if args.tools < 2 or args.tools % 2:
+        parser.error("--tools must be even and at least 2 (the required shape pairs them)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import httpx
+
+    from constrained.tiny_model import build_tiny_model
+    from tests.stock_server import BASE_FLAGS
+
+    args = parse_args(argv)
+    model = str(build_tiny_model())
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    limits = httpx.Limits(max_connections=args.clients + 4)
+    with (
+        tempfile.TemporaryDirectory(prefix="tool_calls_cold-") as tmp_name,
+        httpx.Client(timeout=900, limits=limits) as client,
+    ):
+        tmp = pathlib.Path(tmp_name)
+        selection = select_tools(args, model, client, tmp)
+        print(
+            f"tools: {len(selection['files'])} chosen, {selection['skipped_count']} skipped of "
+            f"{selection['candidates_probed']} probed {selection['skipped_counts']}",
+            flush=True,
+        )
+        tools = [make_tool(args.maskbench, f) for f in selection["files"]]
+        warmup_tool = make_tool(args.maskbench, selection["warmup_file"])
+        runs = []
+        for k, shape in enumerate(args.shapes):
+            order = CONFIGS if k % 2 == 0 else CONFIGS[::-1]
+            for config in order:
+                runs.append(run_config(args, config, shape, model, client, tools, warmup_tool, tmp))
+    record = {
+        "benchmark": "tool_calls_cold",
+        "command": machine["command"],
+        "machine": machine,
+        "machine_after": {"load_average_1_5_15": list(os.getloadavg())},
+        "settings": {
+            "tools": args.tools,
+            "clients": args.clients,
+            "max_tokens": args.max_tokens,
+            "temperature": 1.0,
+            "seed": args.seed,
+            "request_seed": args.request_seed,
+            "shapes": args.shapes,
+            "model": model,
+            "server": "python -m vllm.entrypoints.openai.api_server (tests/stock_server.py)",
+            "server_flags": [*BASE_FLAGS, *SERVER_FLAGS],
+            "config_env": CONFIG_ENV,
+            "grammar_store": "a new empty CONSTRAINED_GRAMMAR_STORE per server",
+            "maskbench": str(args.maskbench),
+            "tool_description": "the function name in words (MaskBench keeps none)",
+        },
+        "selection": selection,
+        "table": table(runs),
+        "runs": runs,
+    }
+    (out / "tool_calls_cold.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot(record, out / "tool_calls_cold.png")
+    for row in record["table"]:
+        ratios = ""
+        if "first_ratio_ours_over_vllm" in row:
+            ratios = (f"  ours/vllm first {row['first_ratio_ours_over_vllm']:.2f} "
+                      f"second {row['second_ratio_ours_over_vllm']:.2f}")  # fmt: skip
+        print(
+            f"{row['shape']:8s} {row['config']:4s} first {row['first_s']:7.2f} s  second "
+            f"{row['second_s']:7.2f} s  cold {row['cold_penalty_s']:6.2f} s  valid "
+            f"{row['valid_first']}/{row['requests']}, {row['valid_second']}/{row['requests']}"
+            f"  cut {row['cut_first']}{ratios}"
+        )
+    print(f"wrote {out / 'tool_calls_cold.json'} and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
