@@ -254,7 +254,8 @@ def judge(status: int, body: Any, request: dict[str, Any]) -> dict[str, Any]:
             calls.append({"name": name, "status": "unknown_tool", "arguments": arguments})
             continue
         verdict, detail = check_output(arguments, schemas[name])
-        calls.append({"name": name, "status": verdict, "detail": detail, "arguments": arguments})
+        calls.append({"name": name, "status": verdict, "detail": detail, "arguments": arguments,
+                      "strict_json": verdict == "not_json" or strict_json(arguments)})  # fmt: skip
     if not calls:
         verdict = "no_call"
     elif all(c["status"] == "valid" for c in calls):
@@ -270,6 +271,22 @@ def judge(status: int, body: Any, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def strict_json(text: str) -> bool:
+    """``text`` parses as JSON without Python's extensions (``NaN``, ``Infinity``): vLLM's
+    tool parsers load the model's arguments and dump them again, so a number too large for a
+    float (``1e999``, valid JSON) comes back as ``Infinity``, which Python reads and
+    ``jsonschema`` accepts as a number but strict JSON parsers refuse."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
 def pass_summary(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     n = len(records)
     tokens = sum(r.get("completion_tokens", 0) for r in records)
@@ -282,6 +299,9 @@ def pass_summary(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "cut_at_max_tokens": sum(r.get("finish_reason") == "length" for r in records),
         "errors": sum(r["status"] == "error" for r in records),
         "tool_calls": sum(len(r.get("calls", ())) for r in records),
+        "calls_not_strict_json": sum(
+            not c.get("strict_json", True) for r in records for c in r.get("calls", ())
+        ),
         "statuses": dict(collections.Counter(r["status"] for r in records)),
         "finish_reasons": dict(collections.Counter(str(r.get("finish_reason")) for r in records)),
         "completion_tokens": tokens,
@@ -428,11 +448,15 @@ def run_config(
     }
 
 
+def _order(shape: str, config: str) -> tuple[int, int]:
+    return SHAPES.index(shape), CONFIGS.index(config)
+
+
 def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per shape and configuration, with the ours/vllm ratios on ``ours`` rows."""
     by = {(r["shape"], r["config"]): r for r in runs}
     rows = []
-    for (shape, config), run in by.items():
+    for (shape, config), run in sorted(by.items(), key=lambda kv: _order(*kv[0])):
         first, second = (p["summary"] for p in run["passes"])
         row = {
             "shape": shape,
@@ -447,6 +471,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "finished_first": first["finished"],
             "cut_first": first["cut_at_max_tokens"],
             "errors_first": first["errors"],
+            "calls_not_strict_json_first": first.get("calls_not_strict_json"),
             "tokens_first": first["completion_tokens"],
             "tokens_second": second["completion_tokens"],
         }
@@ -470,7 +495,9 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
     shapes = [s for s in SHAPES if any(r["shape"] == s for r in rows)]
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.4), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
-        mine = [r for r in rows if r["shape"] == shape]
+        mine = sorted(
+            (r for r in rows if r["shape"] == shape), key=lambda r: _order(shape, r["config"])
+        )
         for i, r in enumerate(mine):
             for j, (key, label) in enumerate((("first_s", "first"), ("second_s", "second"))):
                 x = i + (j - 0.5) * 0.38
