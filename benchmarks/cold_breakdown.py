@@ -17,8 +17,9 @@ cache and store unused), timed one after another:
   first row (``fill``).
 
 Once per engine, before any schema: the tokenizer's tables (``vocab``: the store's
-fingerprint, llguidance's and xgrammar's tokenizers; ``Vocab.warm_in_background`` runs them
-at start-up). Writes ``cold_breakdown.json`` and ``cold_breakdown.png`` under ``--out``.
+fingerprint, llguidance's and xgrammar's tokenizers; each process builds them when its first
+constrained request comes). Writes ``cold_breakdown.json`` and ``cold_breakdown.png`` under
+``--out``.
 
     python -m benchmarks.cold_breakdown                          # 64 schemas, 3 backends
     python -m benchmarks.cold_breakdown --schemas 8 --out /tmp/cold_smoke
