@@ -57,9 +57,7 @@ class _LLGuidanceTokens:
         self.eos_token_id = vocab.eos_token_id
         self.bos_token_id = None
         self.tokens = list(vocab.token_bytes())
-        self.special_token_ids = sorted(
-            set(tok.all_special_ids) | {i for i, t in added.items() if t.special}
-        ) + list(range(len(tok), vocab.width))
+        self.special_token_ids = [*vocab.special_ids(), *range(len(tok), vocab.width)]
         for token_id in self.special_token_ids:
             if token_id >= len(tok):
                 self.tokens[token_id] = f"<[{token_id}]>".encode()
@@ -123,6 +121,17 @@ class Vocab:
             known[text] = ids
         return list(ids)
 
+    def special_ids(self) -> list[int]:
+        """The tokenizer's special token ids (its named specials and added tokens marked
+        special), sorted: never allowed inside constrained text."""
+
+        def build() -> list[int]:
+            tok = self.hf_tokenizer
+            added = tok.added_tokens_decoder  # (a property that builds a new dict on every read)
+            return sorted(set(tok.all_special_ids) | {i for i, t in added.items() if t.special})
+
+        return self._once("special_ids", build)
+
     def token_bytes(self) -> list[bytes]:
         """Each id's raw bytes; ``b""`` for special tokens and ids past the tokenizer."""
         return self._once("bytes", self._build_token_bytes)
@@ -130,7 +139,7 @@ class Vocab:
     def _build_token_bytes(self) -> list[bytes]:
         tok = self.hf_tokenizer
         added = tok.added_tokens_decoder  # (a property that builds a new dict on every read)
-        special = set(tok.all_special_ids) | {i for i, t in added.items() if t.special}
+        special = set(self.special_ids())
         byte_level, to_bytes = _byte_level()
         out = [b""] * self.width
         for piece, token_id in tok.get_vocab().items():
@@ -169,11 +178,7 @@ class Vocab:
             ordered = sorted(pieces, key=pieces.__getitem__)  # by id: 0.1 s for 150k
             digest.update(array("q", [pieces[p] for p in ordered]).tobytes())
             digest.update("\0".join(ordered).encode("utf-8", "surrogatepass"))
-            specials = sorted(
-                set(tok.all_special_ids)
-                | {i for i, t in tok.added_tokens_decoder.items() if t.special}
-            )
-            digest.update(json.dumps(specials).encode())
+            digest.update(json.dumps(self.special_ids()).encode())
             return digest.hexdigest()
 
         return self._once("fingerprint", build)
