@@ -25,7 +25,8 @@ same keys, checks and errors as ``vllm_xargs`` then apply:
 2. ``take_over(params)``, at admission, moves what vLLM itself put in
    ``SamplingParams.structured_outputs`` into our options: vLLM's tool parser builds a
    structural tag of the request's tools (each tool's call format, ``tool_choice``,
-   ``parallel_tool_calls``, merged with a ``response_format``), and we enforce it. vLLM's
+   ``parallel_tool_calls``, merged with a ``response_format``), and we enforce it, each
+   call's arguments strict (``strict_arguments``: no keys beyond the parameters). vLLM's
    parsers read the output back as usual. ``check_tools(body)`` first refuses, naming
    ``tools``, a tool whose parameters use a keyword we cannot enforce.
 
@@ -189,7 +190,7 @@ def take_over(params: Any, tool_parser: str | None = None) -> None:
             "outputs or tools: both constrain the same output; give one",
         )  # fmt: skip
     if "structural_tag" in moved:
-        moved["structural_tag"] = call_on_its_token(moved["structural_tag"])
+        moved["structural_tag"] = strict_arguments(call_on_its_token(moved["structural_tag"]))
     params.extra_args = {**extra, **moved}
     params.structured_outputs = None
 
@@ -216,6 +217,41 @@ def call_on_its_token(structural_tag: str) -> str:
     for _, node in parts(found):  # anywhere: vLLM nests it beside a response_format
         if node.get("type") == "triggered_tags" and node.get("triggers") == [_QWEN_XML_TRIGGER]:
             node["triggers"], changed = [_QWEN_CALL], True
+    return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
+
+
+def strict_arguments(structural_tag: str) -> str:
+    """vLLM's tool-call tag with each call's arguments held as OpenAI's strict mode holds
+    them: an object schema that says nothing about extra keys gets none
+    (``schema.user_input.close_objects``), what vLLM's own structured outputs enforce for the
+    same tag (xgrammar's strict mode). Every call still validates against the tool's
+    parameters as written; a function is never handed a keyword it does not declare. The
+    arguments are the schema parts inside a ``tag`` (a call: begin, arguments, end); a
+    response format vLLM puts beside the calls is not in one and keeps its meaning. A schema
+    with ``allOf`` stays as written (closing each branch would forbid the others' keys).
+    """
+    from constrained.grammars.structural_tag import SCHEMA_FORMATS, parts
+    from constrained.schema.user_input import close_objects
+
+    try:
+        tag = json.loads(structural_tag)
+        found = tag["format"]
+    except (ValueError, KeyError, TypeError):
+        return structural_tag  # admission refuses it, naming the field
+    changed = False
+    for _, call in parts(found):
+        if call.get("type") != "tag":
+            continue
+        for _, part in parts(call.get("content"), ""):
+            schema = part.get("json_schema")
+            if part["type"] not in SCHEMA_FORMATS or not isinstance(schema, dict):
+                continue
+            try:
+                closed = json.loads(close_objects(json.dumps(schema, ensure_ascii=False)))
+            except ValueError:
+                continue  # allOf: kept open
+            changed |= closed != schema
+            part["json_schema"] = closed
     return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
 
 

@@ -86,7 +86,12 @@ def test_take_over_moves_vllm_tool_tags_we_write_exactly():
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from constrained.openai_routing import call_on_its_token, exact_styles, take_over
+    from constrained.openai_routing import (
+        call_on_its_token,
+        exact_styles,
+        strict_arguments,
+        take_over,
+    )
     from tests.test_structural_tag import WEATHER, vllm_tag
 
     assert exact_styles("qwen3_coder") == exact_styles("qwen3_xml") == {"json", "qwen_xml"}
@@ -103,7 +108,10 @@ def test_take_over_moves_vllm_tool_tags_we_write_exactly():
         if taken:
             taken_tag = call_on_its_token(tag)  # Qwen3.5's XML: the call's own token
             assert (taken_tag == tag) == (model == "hermes")
-            assert params.extra_args == {"min_p": 0.1, "structural_tag": taken_tag}
+            assert params.extra_args == {
+                "min_p": 0.1,
+                "structural_tag": strict_arguments(taken_tag),
+            }
     both = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA),
                           extra_args={"regex": "a"})  # fmt: skip
     with pytest.raises(OptionError) as error:

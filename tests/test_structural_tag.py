@@ -207,6 +207,39 @@ def test_taken_over_qwen_xml_calls_start_at_their_token(vocab):
     assert cut["format"]["elements"][0]["triggers"] == ["<tool_call>"]
 
 
+def test_taken_over_tool_arguments_are_strict(vocab):
+    """A call's arguments are held as OpenAI's strict mode (and vLLM's own xgrammar) holds
+    them: no keys beyond the tool's parameters (Qwen3.5's XML calls name only declared
+    parameters already); a response format beside the calls and a schema with ``allOf``
+    keep their meaning."""
+    from constrained.openai_routing import strict_arguments
+
+    open_weather = {k: v for k, v in WEATHER.items() if k != "additionalProperties"}
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo"}}\n</tool_call>'
+    extra = call.replace('"Oslo"}', '"Oslo","units":"C"}')
+    tag = vllm_tag("hermes", "required", open_weather)
+    strict = compiled(vocab, strict_arguments(tag))
+    assert accepts(strict, vocab, call) and not accepts(strict, vocab, extra)
+    assert accepts(compiled(vocab, tag), vocab, extra)  # open as written
+    xml = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+           "</function>\n</tool_call>")  # fmt: skip
+    qwen = strict_arguments(vllm_tag("qwen_3_5", "required", open_weather))
+    assert accepts(compiled(vocab, qwen), vocab, xml)
+    for model in ("hermes", "qwen_3_5"):  # closed already: the same text
+        assert strict_arguments(vllm_tag(model, "required", WEATHER)) == vllm_tag(
+            model, "required", WEATHER)  # fmt: skip
+    nested = json.loads(vllm_tag("hermes", "required", open_weather))
+    beside = {"type": "json_schema", "json_schema": open_weather}  # a response format
+    branches = {"allOf": [open_weather]}
+    nested["format"]["tags"][1]["content"]["json_schema"] = branches
+    nested["format"] = {"type": "or", "elements": [nested["format"], beside]}
+    taken = json.loads(strict_arguments(json.dumps(nested)))
+    calls, kept = taken["format"]["elements"]
+    assert calls["tags"][0]["content"]["json_schema"]["additionalProperties"] is False
+    assert calls["tags"][1]["content"]["json_schema"] == branches
+    assert kept == beside
+
+
 def test_qwen_xml_raw_text_never_reads_as_a_delimiter():
     """The raw-text grammar of XML parameters against the parser's own delimiters: a text is
     allowed exactly when nothing in it matches ``<\\s*(/\\s*)?parameter`` or ``</function>``
