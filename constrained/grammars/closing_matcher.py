@@ -48,7 +48,7 @@ from constrained.grammars.closing_memory import SuffixMemory
 from constrained.grammars.closing_row_sort import RowSorter, only_the_witness, wide
 from constrained.grammars.closing_sorts import Sort, keep_sort, nearest, new_sort, sort_key
 from constrained.grammars.closing_spelling import Spelling
-from constrained.grammars.closing_tables import tables_of
+from constrained.grammars.closing_tables import MAX_RISE, tables_of
 from constrained.grammars.closing_witness import WitnessTracker
 from constrained.grammars.matcher import Matcher, MatcherWrapper
 from constrained.grammars.token_shapes import in_free_text
@@ -78,14 +78,16 @@ def closing_layer(
 ) -> ClosingMatcher:
     """A request's closing layer over a new matcher of ``grammar``: it starts from the root
     witness (with ``hints``, a preempted run's completions), reaches as far as the
-    grammar's rise and shares the grammar's store of near rows (``ClosingTables``).
+    grammar's rise (probed only where it could widen the reach) and shares the grammar's
+    store of near rows (``ClosingTables``).
     ``json``: the grammar is a JSON schema's (``ClosingMatcher``)."""
     tables = tables_of(grammar)
     root = tables.root_witness(vocab, scratch)  # walked once per grammar
     hints = [*hints, root] if root is not None else list(hints)
     closing = ClosingMatcher(grammar.matcher(), vocab, limit, hints, scratch, tables.sorts, json)
     horizon = closing.horizon
-    horizon.reach = max(horizon.reach, tables.rise(vocab, scratch))
+    if horizon.reach < MAX_RISE:  # (else no rise can widen it: the probe is not walked)
+        horizon.reach = max(horizon.reach, tables.rise(vocab, scratch))
     return closing
 
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``rise``, once a grammar)
 RISE_WALK_TOKENS = 96  # ... and one walk of it
+MAX_RISE = 1 + RISE_WALK_TOKENS  # the most a rise can be (a walk of at most that many tokens)
 _UNKNOWN: Any = object()
 
 
