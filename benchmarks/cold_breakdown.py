@@ -12,9 +12,10 @@ cache and store unused), timed one after another:
   for the engine in the same process, handed over through the store otherwise; llguidance
   checks the grammar here and builds its parser with the first matcher, in the next stage);
 - ``root_witness``: the walk admission's budget check takes (``ClosingTables.root_witness``);
-- ``rise``: the rise probe the first request's closing layer takes (``ClosingTables.rise``);
-- ``first_row``: the first request's stack (``closing_layer`` at ``--max-tokens``) and its
-  first row (``fill``).
+- ``rise``: the first request's closing layer built (``closing_layer`` at
+  ``--max-tokens``), the rise probe included where it is walked (a reach under
+  ``MAX_RISE``);
+- ``first_row``: that layer's first row (``fill``).
 
 Once per engine, before any schema: the tokenizer's tables (``vocab``: the store's
 fingerprint, llguidance's and xgrammar's tokenizers; each process builds them when its first
@@ -79,13 +80,9 @@ def stages_of(schema: Any, backend: str, vocab: Any, max_tokens: int) -> dict[st
         return {"refused": 1.0}
     tables = tables_of(grammar)
     _, times["root_witness"] = _timed(lambda: tables.root_witness(vocab))
-    _, times["rise"] = _timed(lambda: tables.rise(vocab))
+    layer, times["rise"] = _timed(lambda: closing_layer(grammar, vocab, max_tokens, json=True))
     bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
-
-    def first_row() -> None:
-        closing_layer(grammar, vocab, max_tokens, json=True).fill(bitmask, 0)
-
-    _, times["first_row"] = _timed(first_row)
+    _, times["first_row"] = _timed(lambda: layer.fill(bitmask, 0))
     return times
 
 
