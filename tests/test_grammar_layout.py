@@ -56,7 +56,7 @@ def test_options_accept_exactly_the_registered_backends():
     [
         ("xgrammar", {"type": "object", "properties": {"a": {"not": {"multipleOf": 3}}}},
          "xgrammar: does not enforce keyword 'not' (at #/properties/a)"),
-        ("xgrammar", {"type": "string", "format": "date"},
+        ("xgrammar", {"type": "string", "format": "date-time"},
          "xgrammar: does not enforce keyword 'format' (at #)"),
         ("xgrammar", {"type": "string", "pattern": r"\s+"},
          "xgrammar: does not enforce keyword 'pattern' (at #)"),

@@ -4,7 +4,8 @@ Its contract: xgrammar silently ignores what it does not implement, so a JSON sc
 only the keywords of ``RULES`` (its allow-list, with the combination rules of
 ``allow_list``); anything else is refused with the keyword and its JSON pointer before it
 compiles. Beyond the shared rules: it checks the formats in ``RULES.formats`` only (its
-date / date-time accept 2020-02-30 and 2020-04-31, its hostname labels over 63 characters,
+date / date-time accept 2020-02-30 and 2020-04-31: a ``date`` is rewritten as the exact
+pattern, ``schema.rewrite.FORMAT_PATTERNS``; its hostname labels over 63 characters,
 its ipv6 "::ffff:192.168.0.01"); its ``\\s`` is ASCII white space only (ECMA-262 adds
 U+00A0, U+3000...); an optional group starting with a repetition matches without the rest
 of the group (``^(?:a*c)?d$`` takes ``ad``), so such a pattern is refused; it reads an

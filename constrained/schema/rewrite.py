@@ -431,11 +431,27 @@ def _uri_reference() -> str:
     return f"^(?:{uri}|(?:{relative_part}){after_path})$"
 
 
+def _full_date() -> str:
+    """RFC 3339's ``full-date`` (section 5.6) with its limits (section 5.7): each month's
+    days, February 29 in leap years only (divisible by 4, centuries by 400); years 0001 to
+    9999, as jsonschema judges a date (Python's ``date`` has no year 0)."""
+    year = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+    days = (
+        "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+        "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+    )
+    by_four = "(?:0[48]|[2468][048]|[13579][26])"  # two digits divisible by 4, but 00
+    leap = f"(?:[0-9]{{2}}{by_four}|{by_four}00)"
+    return f"^(?:{year}-{days}|{leap}-02-29)$"
+
+
 _JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
-# Formats JSON Schema defines that backends do not know, as the exact pattern of their RFC
-# (strings only, as ``format`` and ``pattern`` both are): checked against the
-# JSON-Schema-Test-Suite's ``optional/format`` groups (``tests/test_schema_rewrite.py``).
+# Formats JSON Schema defines that backends do not know (or check loosely), as the exact
+# pattern of their RFC (strings only, as ``format`` and ``pattern`` both are): checked
+# against the JSON-Schema-Test-Suite's ``optional/format`` groups
+# (``tests/test_schema_rewrite.py``).
 FORMAT_PATTERNS = {
+    "date": _full_date(),  # xgrammar's own lets 2020-02-30 and 2020-04-31 through
     "uri-reference": _uri_reference(),
     "json-pointer": f"^{_JSON_POINTER}$",  # RFC 6901
     "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})$",
