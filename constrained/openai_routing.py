@@ -220,39 +220,59 @@ def call_on_its_token(structural_tag: str) -> str:
     return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
 
 
+# Keywords under which closing an object could loosen the schema (``not``, ``oneOf``, ``if``)
+# or forbid keys another branch declares (``anyOf``, ``allOf``): arguments using one stay as
+# written.
+_COMBINING = frozenset({"not", "oneOf", "anyOf", "allOf", "if", "then", "else",
+                        "dependentSchemas", "dependencies", "$ref"})  # fmt: skip
+
+
 def strict_arguments(structural_tag: str) -> str:
-    """vLLM's tool-call tag with each call's arguments held as OpenAI's strict mode holds
-    them: an object schema that says nothing about extra keys gets none
-    (``schema.user_input.close_objects``), what vLLM's own structured outputs enforce for the
-    same tag (xgrammar's strict mode). Every call still validates against the tool's
-    parameters as written; a function is never handed a keyword it does not declare. The
-    arguments are the schema parts inside a ``tag`` (a call: begin, arguments, end); a
-    response format vLLM puts beside the calls is not in one and keeps its meaning. A schema
-    with ``allOf`` stays as written (closing each branch would forbid the others' keys).
+    """vLLM's tool-call tag with each call's arguments held as vLLM's own structured outputs
+    hold them (xgrammar's strict mode, as OpenAI's strict tools): an object schema that
+    declares ``properties`` and says nothing about extra keys gets none (an object with no
+    ``properties`` stays any object). Every call still validates against the tool's
+    parameters as written. The arguments are the schema parts inside a ``tag`` (a call:
+    begin, arguments, end) of the calls' format: with a response format beside the calls
+    vLLM writes ``{"type": "or", "elements": [calls, response format]}``, and the response
+    format keeps its meaning. Parameters that use a combinator (``_COMBINING``) stay as
+    written.
     """
     from constrained.grammars.structural_tag import SCHEMA_FORMATS, parts
-    from constrained.schema.user_input import close_objects
 
     try:
         tag = json.loads(structural_tag)
-        found = tag["format"]
-    except (ValueError, KeyError, TypeError):
+        calls = tag["format"]
+        if calls.get("type") == "or":
+            calls = calls["elements"][0]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return structural_tag  # admission refuses it, naming the field
     changed = False
-    for _, call in parts(found):
+    for _, call in parts(calls):
         if call.get("type") != "tag":
             continue
         for _, part in parts(call.get("content"), ""):
             schema = part.get("json_schema")
-            if part["type"] not in SCHEMA_FORMATS or not isinstance(schema, dict):
-                continue
-            try:
-                closed = json.loads(close_objects(json.dumps(schema, ensure_ascii=False)))
-            except ValueError:
-                continue  # allOf: kept open
-            changed |= closed != schema
-            part["json_schema"] = closed
+            if part["type"] in SCHEMA_FORMATS and isinstance(schema, dict):
+                changed |= _close_declared(schema)
     return json.dumps(tag, ensure_ascii=False) if changed else structural_tag
+
+
+def _close_declared(schema: dict[str, Any]) -> bool:
+    """``additionalProperties: false`` on each object schema in ``schema`` (in place) that
+    declares ``properties`` and is silent about extra keys, unless a combinator is used
+    anywhere in it; whether anything changed."""
+    from constrained.schema.walk import iter_subschemas
+
+    subs = [sub for _, sub in iter_subschemas(schema)]
+    if any(_COMBINING & sub.keys() for sub in subs):
+        return False
+    silent = [sub for sub in subs if isinstance(sub.get("properties"), dict)
+              and not {"additionalProperties", "patternProperties",
+                       "unevaluatedProperties"} & sub.keys()]  # fmt: skip
+    for sub in silent:
+        sub["additionalProperties"] = False
+    return bool(silent)
 
 
 def exact_styles(tool_parser: str | None) -> frozenset[str]:

@@ -13,8 +13,9 @@ outlines are refused for, so each such group also runs *typed*: with the ``type`
 keywords imply added and only the instances of that type kept (their validity is unchanged).
 
 ``format`` is an assertion here, as the ``optional/format`` labels have it (jsonschema only
-checks a few formats, and only with a ``FormatChecker``). ``KNOWN_GAPS`` lists the cases no
-backend checks (leap years, leap seconds, IDNA/Punycode rules, the 255-character hostname
+checks a few formats, and only with a ``FormatChecker``). ``KNOWN_GAPS`` lists the cases a
+backend may let through (leap years: llguidance's ``date``, not the exact pattern xgrammar
+and outlines get; leap seconds, IDNA/Punycode rules, the 255-character hostname
 limit) with the reason. Valid instances rejected are reported, not failed: a backend may be
 stricter (formats as assertions, ``1.0`` is no integer in its grammar, property order).
 """

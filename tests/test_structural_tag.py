@@ -208,10 +208,10 @@ def test_taken_over_qwen_xml_calls_start_at_their_token(vocab):
 
 
 def test_taken_over_tool_arguments_are_strict(vocab):
-    """A call's arguments are held as OpenAI's strict mode (and vLLM's own xgrammar) holds
-    them: no keys beyond the tool's parameters (Qwen3.5's XML calls name only declared
-    parameters already); a response format beside the calls and a schema with ``allOf``
-    keep their meaning."""
+    """A call's arguments are held as vLLM's own xgrammar holds them: no keys beyond the
+    properties a tool's object declares (Qwen3.5's XML calls name only declared parameters
+    already); an object declaring none, a schema with a combinator and a response format
+    beside the calls keep their meaning."""
     from constrained.openai_routing import strict_arguments
 
     open_weather = {k: v for k, v in WEATHER.items() if k != "additionalProperties"}
@@ -228,10 +228,21 @@ def test_taken_over_tool_arguments_are_strict(vocab):
     for model in ("hermes", "qwen_3_5"):  # closed already: the same text
         assert strict_arguments(vllm_tag(model, "required", WEATHER)) == vllm_tag(
             model, "required", WEATHER)  # fmt: skip
+    # An object that declares no properties stays any object, as in vLLM's own xgrammar.
+    free = {
+        **open_weather,
+        "properties": {**open_weather["properties"], "extra": {"type": "object"}},
+    }
+    strict = compiled(vocab, strict_arguments(vllm_tag("hermes", "required", free)))
+    assert accepts(strict, vocab, call.replace('"Oslo"}', '"Oslo","extra":{"k":1}}'))
+    assert not accepts(strict, vocab, extra)
+    # Combinators stay as written; a response format beside the calls (the "or"'s second
+    # element, a tag of its own here) keeps its meaning.
     nested = json.loads(vllm_tag("hermes", "required", open_weather))
-    beside = {"type": "json_schema", "json_schema": open_weather}  # a response format
-    branches = {"allOf": [open_weather]}
+    branches = {"anyOf": [open_weather, {"type": "object", "properties": {"c": {}}}]}
     nested["format"]["tags"][1]["content"]["json_schema"] = branches
+    beside = {"type": "tag", "begin": "<answer>", "end": "</answer>",
+              "content": {"type": "json_schema", "json_schema": open_weather}}  # fmt: skip
     nested["format"] = {"type": "or", "elements": [nested["format"], beside]}
     taken = json.loads(strict_arguments(json.dumps(nested)))
     calls, kept = taken["format"]["elements"]

@@ -72,10 +72,12 @@ def _as_compiled(spec: GrammarSpec) -> GrammarSpec:
 
 @functools.cache
 def code_fingerprint() -> str:
-    """A SHA-256 of this package's grammar code and the backends' versions: a stored grammar
-    from other refusal rules or another backend version is never loaded."""
+    """A SHA-256 of this package's grammar and schema code (the rewrites and refusal rules)
+    and the backends' versions: a stored grammar from other rules or another backend
+    version is never loaded."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    here = Path(__file__).parent
+    for path in sorted([*here.glob("*.py"), *(here.parent / "schema").glob("*.py")]):
         digest.update(path.read_bytes())
     for backend in BACKENDS:
         digest.update(backend.version().encode())
