@@ -262,14 +262,13 @@ def _close_declared(schema: dict[str, Any]) -> bool:
     """``additionalProperties: false`` on each object schema in ``schema`` (in place) that
     declares ``properties`` and is silent about extra keys, unless a combinator is used
     anywhere in it; whether anything changed."""
+    from constrained.schema.user_input import says_extra_keys
     from constrained.schema.walk import iter_subschemas
 
     subs = [sub for _, sub in iter_subschemas(schema)]
     if any(_COMBINING & sub.keys() for sub in subs):
         return False
-    silent = [sub for sub in subs if isinstance(sub.get("properties"), dict)
-              and not {"additionalProperties", "patternProperties",
-                       "unevaluatedProperties"} & sub.keys()]  # fmt: skip
+    silent = [s for s in subs if isinstance(s.get("properties"), dict) and not says_extra_keys(s)]
     for sub in silent:
         sub["additionalProperties"] = False
     return bool(silent)

@@ -110,6 +110,16 @@ def _check_ref_loops(root: Any) -> None:
             target = resolve_pointer(root, next_ref)
 
 
+# The keywords by which an object schema says what extra keys (beyond ``properties``) get.
+EXTRA_KEY_KEYWORDS = frozenset({"additionalProperties", "patternProperties",
+                                "unevaluatedProperties"})  # fmt: skip
+
+
+def says_extra_keys(schema: Mapping[str, Any]) -> bool:
+    """Whether an object schema says what keys beyond its ``properties`` get."""
+    return not EXTRA_KEY_KEYWORDS.isdisjoint(schema)
+
+
 def close_objects(text: str) -> str:
     """The schema with ``"additionalProperties": false`` wherever an object schema is silent
     about extra keys (vLLM's ``disable_additional_properties``, xgrammar's strict mode).
@@ -122,8 +132,7 @@ def close_objects(text: str) -> str:
         if "allOf" in sub:
             raise ValueError(f"cannot close objects of a schema with 'allOf' (at {path})")
         is_object = sub.get("type") == "object" or "properties" in sub
-        if is_object and not {"additionalProperties", "patternProperties",
-                              "unevaluatedProperties"} & set(sub):  # fmt: skip
+        if is_object and not says_extra_keys(sub):
             sub["additionalProperties"] = False
     return json.dumps(schema, ensure_ascii=False)
 
