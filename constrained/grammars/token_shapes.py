@@ -99,8 +99,9 @@ def class_spans(
     passes over the vocabulary a sort, a fifth of the wide sorts' time, otherwise)."""
     spans_by_row: dict[tuple[bool, bytes], Any] = vocab._once("closing_class_spans", dict)
     key = (text, words.tobytes())
-    found = spans_by_row.get(key)
+    found = spans_by_row.pop(key, None)
     if found is not None:
+        spans_by_row[key] = found  # the most recent last: a batch's few common rows stay
         return found
     classes = (text_classes if text else token_classes)(vocab)[0]
     ordered = class_order(vocab, text)
@@ -111,8 +112,11 @@ def class_spans(
     firsts, lasts, named = ordered[starts], ordered[ends - 1], keys[starts]
     spans = list(zip(*(a.tolist() for a in (starts, ends, named, firsts, lasts)), strict=True))
     ordered.flags.writeable = False  # shared: callers slice it, never write it
-    if len(spans_by_row) >= CLASS_SPAN_ROWS:
-        spans_by_row.clear()  # (a plain dict: the fill threads of engines in one process)
+    while len(spans_by_row) >= CLASS_SPAN_ROWS:  # the least recently used goes
+        try:  # (a plain dict, each step atomic: the fill threads of engines in one process)
+            spans_by_row.pop(next(iter(spans_by_row)), None)
+        except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+            break
     spans_by_row[key] = (ordered, spans)
     return ordered, spans
 
