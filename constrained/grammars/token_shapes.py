@@ -152,6 +152,12 @@ def prefix_tokens(vocab: Vocab, text: bytes, most: int) -> set[int]:
     return found  # type: ignore[return-value]
 
 
+def after_text(piece: bytes) -> bytes:
+    """A token's bytes after its leading run of free text (what ``text_classes`` keeps of
+    it as written: ``","+`` for ``a","+``); empty for plain text."""
+    return piece[_TEXT_RUN(piece).end() :]
+
+
 def open_bytes(piece: bytes) -> int:
     """Continuation bytes still owed by a UTF-8 character the piece ends inside (0 if none)."""
     for back in range(1, min(4, len(piece)) + 1):
