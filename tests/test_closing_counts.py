@@ -809,9 +809,16 @@ def test_a_text_row_again_keeps_tokens_that_go_on_with_the_witness(vocab, monkey
     compiled = grammar(vocab, {"type": "array", "items": {"type": "string"}, "minItems": 2})
     text = ids(vocab, b"a")[0]
 
+    ruled: list[bool] = []  # what ``_may_fit_again`` said of each class sorted again
+    may_fit = RowSorter._may_fit_again
+
     def rows(again: bool) -> list[list[int]]:
         forget_shared_sorts()
-        if not again:
+        if again:
+            monkeypatch.setattr(
+                RowSorter, "_may_fit_again", lambda *a: ruled.append(may_fit(*a)) or ruled[-1]
+            )
+        else:
             monkeypatch.setattr(RowSorter, "sorted_again", lambda self, *a: None)
         stack = closing_layer(compiled, vocab, 12, json=True)
         assert stack.consume(vocab.hf_tokenizer.encode('["', add_special_tokens=False))
@@ -828,6 +835,7 @@ def test_a_text_row_again_keeps_tokens_that_go_on_with_the_witness(vocab, monkey
 
     again, fresh = rows(True), rows(False)
     assert again == fresh
+    assert True in ruled and False in ruled  # classes were sorted again, and cleared whole
     pieces = vocab.token_bytes()
     assert any(pieces[t] in (b' ","', b'","+') for t in again[-1])  # (not the lead alone)
 
@@ -923,9 +931,9 @@ def test_a_free_text_row_again_sorts_only_the_classes_that_no_longer_fit(vocab, 
     from scratch writes, and each of its tokens completes in time."""
     again = _text_row_again(vocab, monkeypatch)
     assert again.too_long and again.fits  # (the lead bytes' classes; the plain ones)
-    # Only the too-long classes with a member of their own to check are sorted again
-    # (a lead, a remembered token, a half-written character): the rest are cleared whole.
-    assert not again.whole and again.classes <= again.too_long
+    # Only the too-long classes where a shorter suffix may fit are sorted again
+    # (``_may_fit_again``: a lead, a half-written character...): the rest cleared whole.
+    assert not again.whole and again.classes and again.classes < again.too_long
     stack, classes = again.stack, text_classes(vocab)[0]
     for token in again.row:
         suffix = stack.track.safe.get(token, stack.track.by_class.get(int(classes[token])))
