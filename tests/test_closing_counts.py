@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from constrained.grammars import GrammarSpec, compile_now
+from constrained.grammars import GrammarSpec, closing_check, compile_now
 from constrained.grammars import closing as closing_module
 from constrained.grammars.closing import find_witness
 from constrained.grammars.closing_check import Checker, Walks
@@ -19,13 +19,18 @@ from constrained.grammars.closing_matcher import RECHECK_EVERY, ClosingMatcher
 from constrained.grammars.closing_row_sort import RowSorter
 from constrained.grammars.matcher import words_for
 from constrained.grammars.token_shapes import (
+    SEAM_FREE,
+    SEAM_OPEN,
+    SEAM_WHOLE,
     hex_finish,
     in_free_text,
     open_bytes,
     owed_hex_digits,
+    seam_fits,
     text_classes,
     token_classes,
     token_finish,
+    utf8_seams,
 )
 from tests.test_grammar_bookkeeping import WIDTH, vocab
 
@@ -149,7 +154,6 @@ def test_a_json_schemas_looking_walk_is_walked_once(vocab, monkeypatch, kind, lo
     request's ``kind`` decides it when its stack is built."""
     from concurrent.futures import Future
 
-    from constrained.grammars import closing_check
     from constrained.grammars.stack import build_stack
 
     compiled: Future = Future()
@@ -244,6 +248,51 @@ def test_a_near_row_walks_for_no_token_cut_inside_a_character(vocab, monkeypatch
     row = np.flatnonzero(closing_module.allowed_ids(bitmask[0], WIDTH))
     assert any(open_bytes(pieces[t]) for t in row.tolist())  # kept: they finish in time
     assert not [t for t in walked if token_finish(vocab, t)]  # nor one opening an escape
+
+
+def test_a_suffix_skipped_at_a_utf8_seam_is_one_the_matcher_refuses(vocab, monkeypatch):
+    """``seam_fits`` over generated pairs inside a free string: a token that ends inside a
+    character it starts (``SEAM_OPEN``) followed by text that does not continue it, or a
+    token whose last character is whole followed by a continuation byte, is never
+    accepted by the matcher; so the checks that skip them (``Checker.check``) keep the
+    same tokens. Every kind is drawn, and each pair it rules out is tried."""
+    compiled = grammar(vocab, {"type": "string"})
+    matcher = compiled.matcher()
+    assert matcher.consume(ids(vocab, b'"'))  # inside the string: free text
+    kinds, continues = utf8_seams(vocab)
+    pieces = vocab.token_bytes()
+    quote, a = ids(vocab, b'"', b"a")
+    lead, tail = ids(vocab, b"\xe0", b"\xbb\xbf")  # a lead byte, two continuation bytes
+    assert (kinds[lead], kinds[a], kinds[tail]) == (SEAM_OPEN, SEAM_WHOLE, SEAM_FREE)
+    assert continues[tail] and not continues[a]
+    assert not seam_fits(SEAM_OPEN, continues, [quote]) and seam_fits(SEAM_OPEN, continues, [tail])
+    assert not seam_fits(SEAM_WHOLE, continues, [tail, quote]) and seam_fits(
+        SEAM_FREE, continues, [tail]
+    )
+    rng = np.random.default_rng(0)
+    texts = [t for t, piece in enumerate(pieces) if piece and b"\\" not in piece]
+    suffixes = [[t, quote] for t in rng.choice(texts, 300).tolist()] + [[quote], []]
+    refused = 0
+    for token in rng.choice(texts, 300).tolist():
+        kind = int(kinds[token])
+        for suffix in suffixes:
+            if not seam_fits(kind, continues, suffix):
+                refused += 1
+                assert not matcher.completes([token, *suffix]), (pieces[token], suffix)
+    assert refused > 1000
+    # and a learnt suffix after a lead byte is not tried after plain text
+    stack = ClosingMatcher(compiled.matcher(), vocab, 64)
+    assert stack.consume([quote])
+    stack.memory.learn(lead, None, [tail, quote], [quote])
+    tried = []
+    real = closing_module.completes
+    monkeypatch.setattr(
+        closing_check, "completes", lambda m, tokens: tried.append(list(tokens)) or real(m, tokens)
+    )
+    stack.checker.check(a, [quote], 8, {}, Walks())
+    stack.checker.check(lead, [quote], 8, {}, Walks())
+    assert [a, tail, quote] not in tried and [lead, quote] not in tried
+    assert [lead, tail, quote] in tried
 
 
 def test_a_bridge_is_tried_with_a_later_rows_witness(vocab):

@@ -18,8 +18,6 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from constrained.grammars.token_shapes import prefix_tokens, token_finish
 
 if TYPE_CHECKING:
@@ -69,15 +67,14 @@ class SuffixMemory:
             text = pieces[token] + b"".join(pieces[t] for t in suffix)
             self.learnt_texts = [text, *self.learnt_texts[: LEARNT - 1]]
 
-    def remembered(self) -> np.ndarray:
-        """Which tokens (by id) a check may keep on what this request learnt of that very
-        token rather than its class: a suffix found after it (``recent``), its bridge, or
-        being the first bytes of a learnt completion's text (``realigned``)."""
-        known = np.zeros(self.vocab.width, dtype=bool)
-        known[list(self.recent)] = True
-        known[[-1 - key for key in self.bridges if key < 0]] = True
+    def remembered(self) -> set[int]:
+        """The tokens (ids) a check may keep on what this request learnt of that very token
+        rather than its class: a suffix found after it (``recent``), its bridge, or being
+        the first bytes of a learnt completion's text (``realigned``)."""
+        known = set(self.recent)
+        known.update(-1 - key for key in self.bridges if key < 0)
         for text in self.learnt_texts:  # (a strict prefix: ``realigned``'s condition)
-            known[list(prefix_tokens(self.vocab, text, min(len(text) - 1, 47)))] = True
+            known |= prefix_tokens(self.vocab, text, min(len(text) - 1, 47))
         return known
 
     def realigned(self, token: int, spelling: Spelling) -> Iterator[list[int]]:

@@ -165,13 +165,13 @@ class RowSorter:
         both_failed = row.text and all(found is None for found in ends_ok)
         if both_failed and not row.has_special(key):  # (most: no member to check)
             row.unchecked.append(inner)
+        elif both_failed:  # its leads and remembered members only, from the row's few
+            checked = row.special_members(key, ends, CLASS_CHECKS)
+            kept = [t for t in checked if check(t, witness, left, safe, walks, key) is not None]
+            row.unchecked.append(inner[~np.isin(inner, kept)] if kept else inner)
         else:
             lead = row.is_lead[inner]
             rest = inner[~lead]
-            if both_failed:
-                mine = row.remembered[rest]
-                row.unchecked.append(rest[~mine])
-                rest = rest[mine]  # (a few, or none)
             checked = inner[lead].tolist() + rest[:CLASS_CHECKS].tolist()
             row.unsafe += [t for t in checked if check(t, witness, left, safe, walks, key) is None]
             row.unchecked.append(rest[CLASS_CHECKS:])

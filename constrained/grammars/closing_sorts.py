@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 class WideRow:
     """A wide row's sort in progress (``ClosingMatcher._sort_tokens``): its allowed tokens
     in class order with each class's span (``class_spans``), whether it is free text, the
-    tokens writing the witness's first bytes (``is_lead``), those with a suffix of their
-    own (``remembered``: read when a class first needs them, then kept for the row), and
-    what the sort clears (``unsafe`` ids, ``unchecked`` arrays of them)."""
+    tokens writing the witness's first bytes (``leads``), those with a suffix of their own
+    (``remembered``: read when a class first needs them), and what the sort clears
+    (``unsafe`` ids, ``unchecked`` arrays of them). Leads and remembered tokens are a few
+    dozen ids, kept as sets: a sort that needs no pass over a class makes none over the
+    vocabulary either."""
 
     def __init__(
         self,
@@ -37,34 +39,55 @@ class WideRow:
         words: np.ndarray,
         keep: np.ndarray,
         leads: set[int],
-        remembered: Callable[[], np.ndarray],
+        remembered: Callable[[], set[int]],
     ) -> None:
         self.vocab = vocab
+        self.keep = keep
         self.text = in_free_text(vocab, words)
         self.ordered, self.spans = class_spans(vocab, words, keep, self.text)
-        self.is_lead = np.zeros(vocab.width, dtype=bool)  # one lookup a class, not an isin
-        self.is_lead[list(leads)] = True
+        self.leads = leads
         self._read = remembered
-        self._remembered: np.ndarray | None = None
-        self._special: set[int] | None = None
+        self._is_lead: np.ndarray | None = None
+        self._special: dict[int, list[int]] | None = None
         self.unsafe: list[int] = []
         self.unchecked: list[np.ndarray] = []
 
     @property
-    def remembered(self) -> np.ndarray:
-        if self._remembered is None:
-            self._remembered = self._read()
-        return self._remembered
+    def is_lead(self) -> np.ndarray:
+        """The leads as booleans by id (one lookup a class, not an ``isin``)."""
+        if self._is_lead is None:
+            self._is_lead = np.zeros(self.vocab.width, dtype=bool)
+            self._is_lead[list(self.leads)] = True
+        return self._is_lead
 
     def has_special(self, key: int) -> bool:
         """Whether some token of class ``key`` is a lead or remembered (then its members
         are looked at one by one; a class without one is cleared whole, with no pass over
         its members: a free-text row with no slack clears most of its 40-odd classes)."""
+        return key in self._specials()
+
+    def special_members(self, key: int, ends: set[int], most: int) -> list[int]:
+        """Class ``key``'s allowed members but ``ends`` that are leads, then up to ``most``
+        remembered ones, each in class order (byte length, then id): what ``sort_class``
+        checks one by one in free text where both ends failed, found among the row's few
+        special tokens rather than by passes over the class (the free-text class has
+        145,000 members)."""
+        ids = [t for t in self._specials().get(key, ()) if self.keep[t] and t not in ends]
+        lengths = (text_classes if self.text else token_classes)(self.vocab)[1]
+        ids.sort(key=lambda t: (int(lengths[t]), t))
+        leads = [t for t in ids if t in self.leads]
+        return leads + [t for t in ids if t not in self.leads][:most]
+
+    def _specials(self) -> dict[int, list[int]]:
+        """The leads and remembered tokens (ids) by class."""
         if self._special is None:
-            ids = np.flatnonzero(self.is_lead | self.remembered)
+            ids = sorted(self.leads | self._read())
             classes = (text_classes if self.text else token_classes)(self.vocab)[0]
-            self._special = set(classes[ids].tolist())
-        return key in self._special
+            special: dict[int, list[int]] = {}
+            for token, key in zip(ids, classes[ids].tolist(), strict=True):
+                special.setdefault(key, []).append(token)
+            self._special = special
+        return self._special
 
     def cleared(self) -> np.ndarray:
         """The tokens this sort clears (int64 ids)."""

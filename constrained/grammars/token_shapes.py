@@ -176,6 +176,44 @@ def open_bytes(piece: bytes) -> int:
     return 0
 
 
+SEAM_FREE, SEAM_OPEN, SEAM_WHOLE = 0, 1, 2  # ``utf8_seams``' kinds of a token's end
+
+
+def utf8_seams(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    """Per token id, how its bytes end (``SEAM_OPEN``: inside a UTF-8 character that starts
+    in them, ``\\xe0`` or ``a\\xe3\\x82``; ``SEAM_WHOLE``: with a character that starts and
+    ends in them, ``a`` or ``\\xe3\\x82\\xa4``; ``SEAM_FREE``: continuation bytes only, or
+    none: what they leave open depends on what came before), and whether they begin with a
+    continuation byte. After an open end only a text that begins with a continuation byte
+    is valid UTF-8; after a whole one, never such a text (``seam_fits``)."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        kinds = np.full(vocab.width, SEAM_FREE, dtype=np.int8)
+        continues = np.zeros(vocab.width, dtype=bool)
+        for token, piece in enumerate(vocab.token_bytes()):
+            if not piece:
+                continue
+            continues[token] = piece[0] & 0xC0 == 0x80
+            if any(byte & 0xC0 != 0x80 for byte in piece):  # a character starts in it
+                kinds[token] = SEAM_OPEN if open_bytes(piece) else SEAM_WHOLE
+        return kinds, continues
+
+    return vocab._once("closing_utf8_seams", build)
+
+
+def seam_fits(kind: int, continues: np.ndarray, suffix: list[int]) -> bool:
+    """Whether ``suffix`` may follow a token whose end is of ``kind`` (``utf8_seams``) as
+    valid UTF-8: an open end needs a suffix that continues its character, a whole one a
+    suffix that does not (or none); a free end takes any. ``Checker.check`` skips the
+    known suffixes that cannot fit (one learnt after a lead byte, ``\\xbb\\xbf":""}``,
+    tried after plain text; plain ones tried after a lead byte: a third of the tries in a
+    batch near its budget), each of which the matcher would refuse."""
+    if kind == SEAM_FREE:
+        return True
+    follows = bool(suffix) and bool(continues[suffix[0]])
+    return follows == (kind == SEAM_OPEN)
+
+
 def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
     """Tokens that finish what a token leaves half-written (none when nothing): the UTF-8
     character it ends inside (one token of the continuation bytes it owes where the
