@@ -110,3 +110,23 @@ def test_closing_classes_equal_the_byte_by_byte_build(vocab: Vocab) -> None:
     for text, (classes, lengths) in ((False, token_classes(vocab)), (True, text_classes(vocab))):
         assert classes.tolist() == reference_classes(vocab, text)
         assert lengths.tolist() == [len(piece) for piece in vocab.token_bytes()]
+
+
+def test_utf8_seams_equal_the_piece_by_piece_build(vocab: Vocab) -> None:
+    """``utf8_seams``, built over all the pieces' bytes at once, gives each piece's kind of
+    end (by ``open_bytes``, as closing's classes read it) and first byte as a loop does."""
+    from constrained.grammars.token_shapes import (
+        SEAM_FREE,
+        SEAM_OPEN,
+        SEAM_WHOLE,
+        open_bytes,
+        utf8_seams,
+    )
+
+    kinds, continues = utf8_seams(vocab)
+    for token, piece in enumerate(vocab.token_bytes()):
+        starts_char = any(byte & 0xC0 != 0x80 for byte in piece)
+        kind = (SEAM_OPEN if open_bytes(piece) else SEAM_WHOLE) if starts_char else SEAM_FREE
+        assert kinds[token] == kind, (token, piece)
+        assert continues[token] == (bool(piece) and piece[0] & 0xC0 == 0x80), (token, piece)
+    assert {int(k) for k in kinds} == {SEAM_FREE, SEAM_OPEN, SEAM_WHOLE}

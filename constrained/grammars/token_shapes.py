@@ -188,14 +188,33 @@ def utf8_seams(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
     is valid UTF-8; after a whole one, never such a text (``seam_fits``)."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        kinds = np.full(vocab.width, SEAM_FREE, dtype=np.int8)
-        continues = np.zeros(vocab.width, dtype=bool)
-        for token, piece in enumerate(vocab.token_bytes()):
-            if not piece:
-                continue
-            continues[token] = piece[0] & 0xC0 == 0x80
-            if any(byte & 0xC0 != 0x80 for byte in piece):  # a character starts in it
-                kinds[token] = SEAM_OPEN if open_bytes(piece) else SEAM_WHOLE
+        # At C speed over every piece's bytes at once (a loop over 151,936 pieces took 0.3 s
+        # of a new engine's first near row): a piece's first byte, its last four, and
+        # whether any byte starts a character.
+        pieces = vocab.token_bytes()
+        sizes = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        data = np.frombuffer(b"".join(pieces) + b"\0", dtype=np.uint8)
+        ends = np.cumsum(sizes)
+        starts, some = ends - sizes, sizes > 0
+        cont = (data & 0xC0) == 0x80
+        chars = np.concatenate([[0], np.cumsum(~cont[:-1])])  # characters begun before a byte
+        starts_char = chars[ends] > chars[starts]
+        continues = some & cont[starts]
+        trailing = np.zeros(len(pieces), dtype=np.int64)  # continuation bytes it ends with
+        still = some.copy()
+        for back in range(1, 5):
+            still &= sizes >= back
+            still &= cont[np.maximum(ends - back, 0)]
+            trailing += still
+        lead_at = ends - trailing - 1  # its last character's first byte, if in the last four
+        lead = data[np.maximum(lead_at, 0)]
+        size = np.select(
+            [(lead & 0xE0) == 0xC0, (lead & 0xF0) == 0xE0, (lead & 0xF8) == 0xF0], [2, 3, 4], 1
+        )
+        found = some & (trailing < np.minimum(sizes, 4))
+        opens = found & (size > trailing + 1)
+        kinds = np.where(opens, SEAM_OPEN, SEAM_WHOLE).astype(np.int8)
+        kinds[~starts_char] = SEAM_FREE
         return kinds, continues
 
     return vocab._once("closing_utf8_seams", build)
