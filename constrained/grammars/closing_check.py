@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from constrained.grammars.closing import completes, find_witness, literal_tokens
 from constrained.grammars.closing_spelling import masks_taken
 from constrained.grammars.matcher import words_for
-from constrained.grammars.token_shapes import seam_fits, utf8_seams
+from constrained.grammars.token_shapes import SEAM_FREE, seam_fits, utf8_seams
 
 if TYPE_CHECKING:
     import torch
@@ -165,12 +165,14 @@ class Checker:
                 return None
             return self._found(token, [], witness, safe, key, False)
         longer = []  # known suffixes too long for the room: tried only where it matters
+        # JSON is UTF-8 text: a suffix that cannot meet the token as UTF-8 is refused there
+        # (a Lark grammar's ``~`` may match invalid UTF-8: other grammars try every suffix)
         kinds, continues = utf8_seams(self.vocab)
-        kind = int(kinds[token])
+        kind = int(kinds[token]) if self.json else SEAM_FREE
         for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room:
                 if not seam_fits(kind, continues, suffix):
-                    continue  # not UTF-8 where they meet: the matcher would refuse it
+                    continue  # not UTF-8 where they meet
                 if completes(self.inner, [token, *suffix]):
                     return self._found(token, suffix, witness, safe, key, learnt)
             else:

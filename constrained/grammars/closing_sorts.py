@@ -28,10 +28,10 @@ class WideRow:
     """A wide row's sort in progress (``ClosingMatcher._sort_tokens``): its allowed tokens
     in class order with each class's span (``class_spans``), whether it is free text, the
     tokens writing the witness's first bytes (``leads``), those with a suffix of their own
-    (``remembered``: read when a class first needs them), and what the sort clears
-    (``unsafe`` ids, ``unchecked`` arrays of them). Leads and remembered tokens are a few
-    dozen ids, kept as sets: a sort that needs no pass over a class makes none over the
-    vocabulary either."""
+    (``SuffixMemory.remembered``, read when a class first needs them: ``has_special``), and
+    what the sort clears (``unsafe`` ids, ``unchecked`` arrays of them). Leads and
+    remembered tokens are kept as sets, grouped by class: a sort that needs no pass over a
+    class makes none over the vocabulary either."""
 
     def __init__(
         self,

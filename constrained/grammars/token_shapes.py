@@ -223,10 +223,11 @@ def utf8_seams(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
 def seam_fits(kind: int, continues: np.ndarray, suffix: list[int]) -> bool:
     """Whether ``suffix`` may follow a token whose end is of ``kind`` (``utf8_seams``) as
     valid UTF-8: an open end needs a suffix that continues its character, a whole one a
-    suffix that does not (or none); a free end takes any. ``Checker.check`` skips the
-    known suffixes that cannot fit (one learnt after a lead byte, ``\\xbb\\xbf":""}``,
-    tried after plain text; plain ones tried after a lead byte: a third of the tries in a
-    batch near its budget), each of which the matcher would refuse."""
+    suffix that does not (or none); a free end takes any. In a JSON schema's grammar (UTF-8
+    text) ``Checker.check`` skips the known suffixes that cannot fit (one learnt after a
+    lead byte, ``\\xbb\\xbf":""}``, tried after plain text; plain ones tried after a lead
+    byte: a third of the tries in a batch near its budget), each of which its matcher
+    refuses. Not in other grammars: llguidance's Lark ``~`` may match invalid UTF-8."""
     if kind == SEAM_FREE:
         return True
     follows = bool(suffix) and bool(continues[suffix[0]])
