@@ -226,7 +226,7 @@ def seam_fits(kind: int, continues: np.ndarray, suffix: list[int]) -> bool:
     suffix that does not (or none); a free end takes any. In a JSON schema's grammar (UTF-8
     text) ``Checker.check`` skips the known suffixes that cannot fit (one learnt after a
     lead byte, ``\\xbb\\xbf":""}``, tried after plain text; plain ones tried after a lead
-    byte: a third of the tries in a batch near its budget), each of which its matcher
+    byte: three tries in ten in a batch near its budget), each of which its matcher
     refuses. Not in other grammars: llguidance's Lark ``~`` may match invalid UTF-8."""
     if kind == SEAM_FREE:
         return True
