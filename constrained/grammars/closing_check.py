@@ -87,6 +87,9 @@ class Checker:
         # everywhere: a walk that only looks for more (a check's, a shorter witness's) is
         # not walked again without them (``walk``).
         self.json = json
+        # JSON is UTF-8 text: a suffix that cannot meet its token as UTF-8 is refused there
+        # (a Lark grammar's ``~`` may match invalid UTF-8: other grammars try every suffix)
+        self.seams = utf8_seams(vocab) if json else None
 
     def row(self) -> torch.Tensor:
         """The host bitmask row walks fill (made at the first walk if none was given)."""
@@ -165,10 +168,8 @@ class Checker:
                 return None
             return self._found(token, [], witness, safe, key, False)
         longer = []  # known suffixes too long for the room: tried only where it matters
-        # JSON is UTF-8 text: a suffix that cannot meet the token as UTF-8 is refused there
-        # (a Lark grammar's ``~`` may match invalid UTF-8: other grammars try every suffix)
-        kinds, continues = utf8_seams(self.vocab)
-        kind = int(kinds[token]) if self.json else SEAM_FREE
+        kinds, continues = self.seams or (None, None)
+        kind = int(kinds[token]) if kinds is not None else SEAM_FREE
         for suffix, learnt in self._tries(token, witness, key):
             if len(suffix) <= room:
                 if not seam_fits(kind, continues, suffix):
