@@ -205,7 +205,7 @@ def scenarios(request: pytest.FixtureRequest) -> Iterator[dict[str, Future]]:
     """The selected tests' scenarios, started at the module's first test, ``AT_ONCE`` at a
     time."""
     assert set(LONGEST_FIRST) == set(MINIMUMS)
-    selected = {item.name for item in request.session.items}
+    selected = {item.name for item in request.session.items if item.module is request.module}
     pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="v2-scenario")
     yield {
         name: pool.submit(run_process, name) for name in LONGEST_FIRST if f"test_{name}" in selected
