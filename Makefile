@@ -32,7 +32,8 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	# Two workers: the engine tests on one, the CPU-only tests on the other (tests/conftest.py).
+	$(PY) -m pytest -n 2
 
 lint: install
 	$(PY) -m ruff check --fix .

@@ -228,6 +228,8 @@ def _refuse_foreign_directory(out: pathlib.Path) -> None:
 
 def _move_into_place(staging: pathlib.Path, out: pathlib.Path, recipe: dict) -> None:
     """Rename the finished build to ``out``, replacing an empty dir or an older build of ours."""
+    if _read_recipe(out) == recipe:
+        return  # another process finished the same build first (and may be reading it)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     elif out.is_dir():  # a complete build with another recipe: move it aside, then drop it

@@ -96,6 +96,77 @@ def stock36(tmp_path_factory) -> str:
         handle.stop()
 
 
+# ---- Two workers: the engines on one, the rest beside them ---------------------------------
+# ``make test`` runs ``pytest -n 2``: the modules that start vLLM engines run on one worker, in
+# order, so no two engines ever run at once (2 cores, 24 GiB); each other module goes whole
+# (its module fixtures built once) to whichever worker is free. An engine keeps about one core
+# busy; the CPU-only tests (Triton's interpreter, corpus walks) use the other.
+
+# A module that uses one of these fixtures, or marks a test ``engine``, starts engines.
+ENGINE_FIXTURES = frozenset({"llm", "served", "server", "stock36", "parallel_reference"})
+# Named here because xdist's scheduler sees node ids only; collection checks the list.
+ENGINE_MODULES = frozenset(
+    f"tests/test_{name}.py"
+    for name in (
+        "bad_requests", "budget_engine", "choice_json_object", "clients", "engine",
+        "openai_routing", "parallel", "penalty_scope_engine", "plugin_server", "ray",
+        "reasoning_engine", "reasoning_tools_server", "samplers_engine", "seed_invariance",
+        "server", "soak", "structured_engine", "tool_refs",
+    )
+)  # fmt: skip
+# The longest CPU-only modules (CI machine, 2026-12-03), handed out first after the engines.
+LONGEST_FIRST = (
+    "tests/test_v2_real_sampler.py", "tests/test_truncation_samplers.py",
+    "tests/test_schema_suite.py", "tests/test_launch_counts.py", "tests/test_tiny_model.py",
+)  # fmt: skip
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ``engine``, or its module's path."""
+    path = nodeid.split("::")[0]
+    return "engine" if path in ENGINE_MODULES else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Check ``ENGINE_MODULES`` against what the modules use; put the engine tests first and
+    the longest modules next (xdist hands units out in the order of their first test)."""
+    starts = {
+        item.nodeid.split("::")[0]
+        for item in items
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        or item.get_closest_marker("engine")
+    }
+    collected = {item.nodeid.split("::")[0] for item in items}
+    wrong = (starts ^ ENGINE_MODULES) & collected
+    if wrong:
+        raise pytest.UsageError(
+            f"tests/conftest.py: ENGINE_MODULES is wrong for {sorted(wrong)}: a module is listed "
+            "exactly when it uses an engine fixture or marks a test `engine`"
+        )
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST, start=1)}
+    # Stable: each module keeps its own order.
+    items.sort(
+        key=lambda item: (
+            0
+            if group_of(item.nodeid) == "engine"
+            else rank.get(group_of(item.nodeid), len(rank) + 1)
+        )
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scope scheduling with our units (``group_of``), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EnginesApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order collection chose
+    return EnginesApart(config, log)
+
+
 # ---- CI: a skip is a gap, not a pass -------------------------------------------------------
 
 # Skips CI accepts: where vLLM itself refuses or cannot give the test a baseline.

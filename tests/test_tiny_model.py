@@ -94,3 +94,20 @@ def test_qwen36_template_renders_tools_calls_results_and_thinking():
                                      enable_thinking=False)  # fmt: skip
     assert closed == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather?"
                       "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")  # fmt: skip
+
+
+def test_a_build_finished_second_leaves_the_first_in_place(tmp_path):
+    """Two processes building the same model at once (pytest's two workers on a clean machine):
+    the one that finishes second keeps the first's directory, which an engine may be reading."""
+    from constrained.tiny_model import COMPLETE_MARKER, _move_into_place
+
+    recipe = {"vocab": "qwen2", "seed": 0, "version": 1}
+    out, staging = tmp_path / "model", tmp_path / ".model.building"
+    for directory, weights in ((out, b"first"), (staging, b"second")):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(weights)
+        (directory / COMPLETE_MARKER).write_text(json.dumps(recipe) + "\n")
+    inode = out.stat().st_ino
+    _move_into_place(staging, out, recipe)
+    assert out.stat().st_ino == inode
+    assert (out / "model.safetensors").read_bytes() == b"first"
