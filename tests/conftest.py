@@ -121,9 +121,13 @@ LONGEST_FIRST = (
 )  # fmt: skip
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
 def group_of(nodeid: str) -> str:
     """The unit of work a test belongs to: ``engine``, or its module's path."""
-    path = nodeid.split("::")[0]
+    path = module_of(nodeid)
     return "engine" if path in ENGINE_MODULES else path
 
 
@@ -131,27 +135,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Check ``ENGINE_MODULES`` against what the modules use; put the engine tests first and
     the longest modules next (xdist hands units out in the order of their first test)."""
     starts = {
-        item.nodeid.split("::")[0]
+        module_of(item.nodeid)
         for item in items
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
         or item.get_closest_marker("engine")
     }
-    collected = {item.nodeid.split("::")[0] for item in items}
+    collected = {module_of(item.nodeid) for item in items}
     wrong = (starts ^ ENGINE_MODULES) & collected
     if wrong:
         raise pytest.UsageError(
             f"tests/conftest.py: ENGINE_MODULES is wrong for {sorted(wrong)}: a module is listed "
             "exactly when it uses an engine fixture or marks a test `engine`"
         )
-    rank = {path: index for index, path in enumerate(LONGEST_FIRST, start=1)}
-    # Stable: each module keeps its own order.
-    items.sort(
-        key=lambda item: (
-            0
-            if group_of(item.nodeid) == "engine"
-            else rank.get(group_of(item.nodeid), len(rank) + 1)
-        )
-    )
+    rank = {group: index for index, group in enumerate(("engine", *LONGEST_FIRST))}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
