@@ -61,25 +61,35 @@ def tokenizer_path(model_config: Any) -> str:
 
 def served_vocab(model_config: Any, width: int | None = None, tokenizer: Any = None) -> Any:
     """The served tokenizer's ``Vocab`` at the logits ``width`` (the model's by default),
-    built once per process, over the tokenizer object vLLM already holds where this process
-    has one: ``tokenizer`` (the frontend's), else vLLM's cached one (the engine's structured
-    output manager loads it at start-up), so it is never loaded a second time (2.6 s)."""
+    built once per process and never from a second load where it can be helped: over
+    ``tokenizer`` (the frontend's) or vLLM's cached one where this process holds it (the
+    engine's structured output manager loads it at start-up), else from the tokenizer's
+    record in the compiled-grammar store (``grammars/vocab_record.py``: a worker in a process
+    of its own), else loaded (1.8-3.5 s)."""
     from constrained.grammars import load_vocab
+    from constrained.grammars.compiler import default_store
 
     width = int(model_config.get_vocab_size()) if width is None else width
+    pinned = getattr(model_config, "tokenizer_revision", None) is not None
     return load_vocab(
         tokenizer_path(model_config),
         width,
-        hf_tokenizer=tokenizer,
+        hf_tokenizer=tokenizer if tokenizer is not None else _vllm_tokenizer(model_config, True),
         find_tokenizer=lambda: _vllm_tokenizer(model_config),
+        # (a record is found by the files of the tokenizer's directory; a pinned revision's
+        # may not be the ones the hub cache names: loaded, as before)
+        store=None if pinned else default_store(),
     )
 
 
-def _vllm_tokenizer(model_config: Any) -> Any:
-    """vLLM's cached tokenizer of ``model_config`` (a cache hit in its engine), or ``None``."""
+def _vllm_tokenizer(model_config: Any, held_only: bool = False) -> Any:
+    """vLLM's cached tokenizer of ``model_config`` (loaded now unless ``held_only``: then only
+    where this process holds one already), or ``None``."""
     try:
-        from vllm.tokenizers import cached_tokenizer_from_config
+        from vllm.tokenizers.registry import cached_get_tokenizer, cached_tokenizer_from_config
 
+        if held_only and not cached_get_tokenizer.cache_info().currsize:
+            return None
         return cached_tokenizer_from_config(model_config=model_config)
     except Exception:  # no tokenizer (skip_tokenizer_init), or vLLM moved it: we load our own
         return None

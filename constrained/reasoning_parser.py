@@ -39,11 +39,17 @@ class ThinkingEnds:
     implicit_ids: frozenset[int] = frozenset()
 
 
-def thinking_ends(vllm_config: Any, tokenizer: Any) -> ThinkingEnds:
-    """The engine's ``ThinkingEnds`` (``tokenizer``: the served one, for the parser's ids)."""
+def parser_applies(vllm_config: Any) -> str:
+    """The engine's reasoning parser's name where constraints wait for its end, else ``""``."""
     config = getattr(vllm_config, "structured_outputs_config", None)
     name = getattr(config, "reasoning_parser", None) or ""
-    if not name or getattr(config, "enable_in_reasoning", False) or tokenizer is None:
+    return "" if getattr(config, "enable_in_reasoning", False) else name
+
+
+def thinking_ends(vllm_config: Any, tokenizer: Any) -> ThinkingEnds:
+    """The engine's ``ThinkingEnds`` (``tokenizer``: the served one, for the parser's ids)."""
+    name = parser_applies(vllm_config)
+    if not name or tokenizer is None:
         return ThinkingEnds()
     key = (name, id(tokenizer))
     with _LOCK:

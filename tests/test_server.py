@@ -190,6 +190,10 @@ def test_engine_loads_what_admission_compiled(client, served):
         response = complete(client, xargs, max_tokens=16, stream=stream)
         chunks = list(response) if stream else [response]
         assert chunks[-1].choices[0].finish_reason in ("stop", "length"), xargs
-    after = engine_snapshot(served)["compile_cache"]
+    snapshot = engine_snapshot(served)
+    after = snapshot["compile_cache"]
     assert after["compiled"] == before["compiled"], (before, after)
     assert after["loaded"] == before["loaded"] + len(fresh), (before, after)
+    # The worker (a process of its own on CPU) built its vocabulary from the tokenizer's
+    # record that admission saved, without loading the tokenizer (grammars/vocab_record.py).
+    assert snapshot["vocab_from_record"] is True

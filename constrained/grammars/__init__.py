@@ -11,7 +11,8 @@ follows one request and fills its next-token bitmask.
 Modules:
 
 - ``spec``: ``GrammarSpec``, the constraint (and compile-cache key).
-- ``vocab``: ``Vocab``, the tokenizer in each backend's form.
+- ``vocab``: ``Vocab``, the tokenizer in each backend's form; ``vocab_record``: its record in
+  the store, for a process that does not have the tokenizer.
 - ``matcher``: the ``Matcher`` interface and bitmask helpers.
 - ``backend``: ``Backend``, what a backend plugs in.
 - ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``);
@@ -30,7 +31,8 @@ Modules:
 - ``cache``: the bounded LRU of compile futures.
 - ``compiler``: ``compile_now``; ``GrammarCompiler`` (cache, store, threads, time limit),
   ``compiler_for``.
-- ``store``: ``GrammarStore``, compiled grammars on disk: admission saves, the engine loads.
+- ``store``: ``GrammarStore``, compiled grammars (and the tokenizer's record) on disk:
+  admission saves, the engine loads.
 """
 
 from constrained.errors import GrammarError

@@ -328,7 +328,7 @@ def closing_sequences(vocab: Vocab) -> list[list[int]]:
     (``qwen_xml.PARAMETER_CLOSE``). A JSON string's ``"`` is ranked first already."""
 
     def build() -> list[list[int]]:
-        encode = vocab.hf_tokenizer.encode
+        encode = vocab.tokenizer.encode
         return [list(encode(text, add_special_tokens=False)) for text in (PARAMETER_CLOSE,)]
 
     return vocab._once("closing_sequences", build)

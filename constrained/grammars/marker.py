@@ -46,13 +46,13 @@ def marker_for(vocab: Vocab, text: str) -> Marker:
 
     def build() -> Marker:
         raw = text.encode()
-        encode = vocab.hf_tokenizer.encode
+        encode = vocab.tokenizer.encode
 
         def ids(part: bytes) -> tuple[int, ...]:
             return tuple(encode(part.decode(errors="ignore"), add_special_tokens=False))
 
         rest = tuple(ids(raw[k:]) for k in range(len(raw)))
-        added = vocab.hf_tokenizer.added_tokens_decoder
+        added = vocab.tokenizer.added_tokens_decoder
         token = rest[0][0] if len(rest[0]) == 1 and rest[0][0] in added else None
         return Marker(raw, rest[0], rest, text_pieces(vocab), token)
 
@@ -64,7 +64,7 @@ def text_pieces(vocab: Vocab) -> list[bytes]:
 
     def build() -> list[bytes]:
         pieces = list(vocab.token_bytes())
-        for token_id, added in vocab.hf_tokenizer.added_tokens_decoder.items():
+        for token_id, added in vocab.tokenizer.added_tokens_decoder.items():
             if token_id < len(pieces):
                 pieces[token_id] = added.content.encode()
         return pieces

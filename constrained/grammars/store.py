@@ -3,7 +3,9 @@
 Admission (vLLM's frontend process) compiles each constraint; the engine process needs the same
 compiled grammar moments later. The store carries it across: admission saves what it compiled,
 the engine loads it instead of compiling again (xgrammar: a load is about 5% of the compile;
-llguidance and outlines-core: milliseconds). It also survives restarts.
+llguidance and outlines-core: milliseconds). It also survives restarts. The same way, the
+first process with the served tokenizer saves its record, and a worker without it reads that
+(``vocab_record.py``).
 
 One file per compiled grammar, named by its key (a SHA-256 of the constraint, the backend's
 version and the tokenizer's fingerprint), holding a one-line JSON header (format, key, backend,
@@ -143,6 +145,11 @@ class GrammarStore:
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: pruned last
         return backend, payload
+
+    def has(self, key: str) -> bool:
+        """Whether a file is stored under ``key`` (not read, so not checked: ``load`` is)."""
+        path = self._path(key)
+        return _real_dir(path.parent) and os.path.isfile(path) and not os.path.islink(path)
 
     def save(self, key: str, backend: str, payload: bytes) -> bool:
         """Keep ``payload`` under ``key``; False when it is too large or the disk refused."""

@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from constrained.grammars.store import GrammarStore
+from constrained.grammars.vocab_record import StoredTokenizer, load_record, record_key, save_record
+
 ENCODED_TEXTS = 4096  # texts ``Vocab.encode`` keeps (closing respells the same few often)
 
 # GPT-2 style byte-level BPE stores byte b as a printable character; this undoes it.
@@ -52,7 +55,7 @@ class _LLGuidanceTokens:
     past the tokenizer as text, listed as special) and a tokenize call (``Vocab.encode``)."""
 
     def __init__(self, vocab: Vocab) -> None:
-        tok = vocab.hf_tokenizer
+        tok = vocab.tokenizer
         added = tok.added_tokens_decoder
         self.eos_token_id = vocab.eos_token_id
         self.bos_token_id = None
@@ -78,18 +81,34 @@ class Vocab:
     """One tokenizer at one logits width, with lazily built backend tokenizers.
 
     Attributes:
-        hf_tokenizer: the fast Hugging Face tokenizer vLLM serves with.
+        tokenizer: what this vocabulary reads of the tokenizer: the fast Hugging Face
+            tokenizer vLLM serves with, or its record's stand-in (``vocab_record``).
         width: the logits width (``vocab_size`` of the model), >= the tokenizer size.
         eos_token_id: the end-of-sequence token vLLM stops on.
         key: identifies the tokenizer in compile-cache keys.
+        load_served: loads the served tokenizer, for a vocabulary built from a record.
     """
 
-    hf_tokenizer: Any
+    tokenizer: Any
     width: int
     eos_token_id: int
     key: str
+    load_served: Callable[[], Any] | None = field(default=None, repr=False)
     _built: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The served Hugging Face tokenizer itself (vLLM's reasoning parsers read it);
+        loaded on first read where this vocabulary was built from a record."""
+        if self.load_served is None:
+            return self.tokenizer
+        return self._once("hf_tokenizer", self.load_served)
+
+    @property
+    def from_record(self) -> bool:
+        """Built from the tokenizer's record (``vocab_record``), not from the tokenizer."""
+        return self.load_served is not None
 
     def _once(self, name: str, build: Any) -> Any:
         built = self._built.get(name)
@@ -109,11 +128,11 @@ class Vocab:
         known: dict[str, tuple[int, ...]] = self._once("encoded", dict)
         ids = known.get(text)
         if ids is None:
-            core = self._once("encode_core", lambda: _rust_core(self.hf_tokenizer) or False)
+            core = self._once("encode_core", lambda: _rust_core(self.tokenizer) or False)
             # The core keeps the truncation or padding a ``transformers`` call last set on
             # it (a frontend sharing the tokenizer): then the wrapper, which resets them.
             if core is False or core.truncation is not None or core.padding is not None:
-                ids = tuple(self.hf_tokenizer.encode(text, add_special_tokens=False))
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
             else:
                 ids = tuple(core.encode(text, add_special_tokens=False).ids)
             if len(known) >= ENCODED_TEXTS:
@@ -126,7 +145,7 @@ class Vocab:
         special), sorted: never allowed inside constrained text."""
 
         def build() -> list[int]:
-            tok = self.hf_tokenizer
+            tok = self.tokenizer
             added = tok.added_tokens_decoder  # (a property that builds a new dict on every read)
             return sorted(set(tok.all_special_ids) | {i for i, t in added.items() if t.special})
 
@@ -137,7 +156,7 @@ class Vocab:
         return self._once("bytes", self._build_token_bytes)
 
     def _build_token_bytes(self) -> list[bytes]:
-        tok = self.hf_tokenizer
+        tok = self.tokenizer
         added = tok.added_tokens_decoder  # (a property that builds a new dict on every read)
         special = set(self.special_ids())
         byte_level, to_bytes = _byte_level()
@@ -172,7 +191,7 @@ class Vocab:
         EOS): a compiled grammar is only ever loaded for the tokenizer it was compiled for."""
 
         def build() -> str:
-            tok = self.hf_tokenizer
+            tok = self.tokenizer
             digest = hashlib.sha256(f"{self.width}|{self.eos_token_id}|".encode())
             pieces = tok.get_vocab()
             ordered = sorted(pieces, key=pieces.__getitem__)  # by id: 0.1 s for 150k
@@ -214,7 +233,7 @@ class Vocab:
 
             pieces = list(self.token_bytes())
             for token_id in written:
-                pieces[token_id] = self.hf_tokenizer.convert_ids_to_tokens(token_id).encode()
+                pieces[token_id] = self.tokenizer.convert_ids_to_tokens(token_id).encode()
             return xgrammar.TokenizerInfo(
                 pieces,
                 xgrammar.VocabType.RAW,
@@ -226,7 +245,7 @@ class Vocab:
 
     def specials_in(self, texts: Iterable[str]) -> frozenset[int]:
         """The special tokens (never end-of-sequence) whose text occurs in one of ``texts``."""
-        tok = self.hf_tokenizer
+        tok = self.tokenizer
         return frozenset(
             token_id
             for token_id, added in tok.added_tokens_decoder.items()
@@ -259,24 +278,59 @@ def load_vocab(
     eos_token_id: int | None = None,
     hf_tokenizer: Any = None,
     find_tokenizer: Callable[[], Any] | None = None,
+    store: GrammarStore | None = None,
 ) -> Vocab:
     """The ``Vocab`` of a tokenizer directory (or hub name), built once per process.
 
-    ``hf_tokenizer``: the same tokenizer already loaded (vLLM has one), else what
-    ``find_tokenizer`` returns (called only if this vocabulary is not built yet), used instead
-    of loading it again (about 3 s for Qwen's) when it is a fast Hugging Face one.
+    From, in this order: ``hf_tokenizer`` (the same tokenizer, already loaded: vLLM has one)
+    when it is a fast Hugging Face one; the tokenizer's record in ``store``
+    (``vocab_record``: a process that had the tokenizer saved it); what ``find_tokenizer``
+    loads; ``AutoTokenizer``. A vocabulary built from a tokenizer saves its record in
+    ``store`` where there is none yet, for the processes that do not have it.
     """
     key = (tokenizer_path, width, eos_token_id)
     with _VOCABS_LOCK:
         vocab = _VOCABS.get(key)
         if vocab is None:
-            if not _is_fast_hf(hf_tokenizer) and find_tokenizer is not None:
-                hf_tokenizer = find_tokenizer()
-            tok = hf_tokenizer if _is_fast_hf(hf_tokenizer) else _load_tokenizer(tokenizer_path)
-            eos = tok.eos_token_id if eos_token_id is None else eos_token_id
-            vocab = Vocab(tok, max(width, len(tok)), int(eos), key=f"{tokenizer_path}@{width}")
+            vocab = _build(tokenizer_path, width, eos_token_id, hf_tokenizer, find_tokenizer, store)
             _VOCABS[key] = vocab
         return vocab
+
+
+def _build(
+    path: str,
+    width: int,
+    eos_token_id: int | None,
+    tok: Any,
+    find_tokenizer: Callable[[], Any] | None,
+    store: GrammarStore | None,
+) -> Vocab:
+    def load() -> Any:
+        found = find_tokenizer() if find_tokenizer is not None else None
+        return found if _is_fast_hf(found) else _load_tokenizer(path)
+
+    name = f"{path}@{width}"
+    record_at = record_key(path, width, eos_token_id) if store is not None else None
+    if not _is_fast_hf(tok):
+        record = load_record(store, record_at) if record_at is not None else None
+        if record is not None:
+            stand_in = record.tokenizer
+            eos = stand_in.eos_token_id if eos_token_id is None else eos_token_id
+            vocab = Vocab(stand_in, len(record.token_bytes), int(eos), name, load_served=load)
+            vocab._built.update(
+                bytes=record.token_bytes,
+                special_ids=record.special_ids,
+                fingerprint=record.fingerprint,
+            )
+            return vocab
+        tok = load()
+    eos = tok.eos_token_id if eos_token_id is None else eos_token_id
+    vocab = Vocab(tok, max(width, len(tok)), int(eos), key=name)
+    if record_at is not None and not store.has(record_at):
+        save_record(
+            store, record_at, tok, vocab.token_bytes(), vocab.special_ids(), vocab.fingerprint()
+        )
+    return vocab
 
 
 def _load_tokenizer(tokenizer_path: str) -> Any:
@@ -288,6 +342,8 @@ def _load_tokenizer(tokenizer_path: str) -> Any:
 def _rust_core(tokenizer: Any) -> Any:
     """The ``tokenizers.Tokenizer`` under a fast Hugging Face tokenizer (``None`` otherwise):
     its ``encode`` is the one ``transformers`` calls, without the Python around it."""
+    if isinstance(tokenizer, StoredTokenizer):
+        return tokenizer.backend_tokenizer
     if not _is_fast_hf(tokenizer):
         return None
     return getattr(tokenizer, "backend_tokenizer", None)

@@ -153,7 +153,7 @@ class XGrammarMatcher(Matcher):
         import xgrammar
 
         self.eos = grammar.vocab.eos_token_id
-        self.encode = grammar.vocab.hf_tokenizer.encode
+        self.encode = grammar.vocab.tokenizer.encode
         self.inner = xgrammar.GrammarMatcher(grammar.compiled)  # rollback is unlimited
         self.error: str | None = None
         self.pieces, self.bytes_only = grammar.byte_view()

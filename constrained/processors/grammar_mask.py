@@ -33,7 +33,7 @@ from constrained.processors.mask_fill import (
 )
 from constrained.processors.runners import Rows
 from constrained.processors.slots import Column
-from constrained.reasoning_parser import thinking_ends
+from constrained.reasoning_parser import parser_applies, thinking_ends
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -84,7 +84,10 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         vocab = served_vocab(self.vllm_config.model_config, self.logits_width)
         # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
         # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
-        implicit = thinking_ends(self.vllm_config, vocab.hf_tokenizer).implicit_ids
+        # (The served tokenizer only where a parser reads it: a worker whose vocabulary came
+        # from its record would load it.)
+        served = vocab.hf_tokenizer if parser_applies(self.vllm_config) else None
+        implicit = thinking_ends(self.vllm_config, served).implicit_ids
         writer = MaskWriter(vocab, self.layout.device)
         fill = self.layout.pick(V1MaskFill, V2MaskFill)(writer, self.slots, self.layout)
         # All at once, after everything that can fail: a failed build leaves no part behind.

@@ -13,7 +13,8 @@ Example snapshot::
 
     {"pid": 4242, "time": 1763700000.0, "rss_mb": 1830.5,
      "processors": {"GrammarMaskProcessor": {"active_slots": 3, "payloads": 3, "capacity": 64}},
-     "compile_cache": {"entries": 17, "capacity": 512, "compiled": 0, "loaded": 17}}
+     "compile_cache": {"entries": 17, "capacity": 512, "compiled": 0, "loaded": 17},
+     "vocab_from_record": true}
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class StatsReporter:
                 "compiled": sum(c.compiled for c in caches.values()),
                 "loaded": sum(c.loaded for c in caches.values()),
             },
+            # the vocabulary built from the tokenizer's record, not a second tokenizer load
+            "vocab_from_record": any(c.vocab.from_record for c in caches.values()),
         }
 
     def write(self) -> None:
