@@ -13,8 +13,9 @@ cache and store unused), timed one after another:
   checks the grammar here and builds its parser with the first matcher, in the next stage);
 - ``root_witness``: the walk admission's budget check takes (``ClosingTables.root_witness``);
 - ``rise``: the first request's closing layer built (``closing_layer`` at
-  ``--max-tokens``), the rise probe included where it is walked (a reach under
-  ``MAX_RISE``);
+  ``--max-tokens``) and the rise probe where it is walked (a reach under ``MAX_RISE``; in
+  the engine, by the first row that comes within ``MAX_RISE`` tokens of its need: a request
+  that ends before never walks it);
 - ``first_row``: that layer's first row (``fill``).
 
 Once per engine, before any schema: the tokenizer's tables (``vocab``: the store's
@@ -80,7 +81,14 @@ def stages_of(schema: Any, backend: str, vocab: Any, max_tokens: int) -> dict[st
         return {"refused": 1.0}
     tables = tables_of(grammar)
     _, times["root_witness"] = _timed(lambda: tables.root_witness(vocab))
-    layer, times["rise"] = _timed(lambda: closing_layer(grammar, vocab, max_tokens, json=True))
+
+    def rise_and_layer() -> Any:
+        layer = closing_layer(grammar, vocab, max_tokens, json=True)
+        if layer.rise is not None:  # (probed by its first row that comes near: timed here)
+            layer.rise()
+        return layer
+
+    layer, times["rise"] = _timed(rise_and_layer)
     bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
     _, times["first_row"] = _timed(lambda: layer.fill(bitmask, 0))
     return times

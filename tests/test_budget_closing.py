@@ -576,3 +576,49 @@ def test_a_sort_taken_at_another_state_leaves_no_stale_witness(vocab, budget):
         assert stack.consume([token])
         taken += 1
     assert taken >= 3
+
+
+def test_the_rise_is_probed_only_once_a_row_comes_within_its_reach(vocab, monkeypatch):
+    """A grammar's rise (``ClosingTables.rise``) widens ``reach`` by at most ``MAX_RISE``
+    tokens, so a row farther than that from its need is far whatever the rise: the probe
+    waits for the first row that comes that near (a request that ends sooner never walks
+    it), and every row is the one a layer probed at the start gives, bit for bit."""
+    from constrained.grammars.closing_matcher import closing_layer
+    from constrained.grammars.closing_tables import MAX_RISE, ClosingTables, tables_of
+
+    probes: list[int] = []
+    walk_rise = ClosingTables._walk_rise
+    monkeypatch.setattr(
+        ClosingTables, "_walk_rise", lambda self, *a: probes.append(1) or walk_rise(self, *a)
+    )
+    properties = {
+        "stamp": {"type": "string", "format": "date-time"},
+        "a": {"type": "boolean"},
+        "note": {"type": "string"},
+    }
+    schema = {"type": "object", "properties": properties, "required": ["a"]}
+    compiled = compile_now(spec_for({"json_schema": json.dumps(schema)}), vocab)
+    path = vocab.hf_tokenizer.encode('{"note":"' + "word " * 120, add_special_tokens=False)
+    budget = len(path) + MAX_RISE // 2  # far at first, near by the path's end
+    lazy = closing_layer(compiled, vocab, budget, json=True)
+    lazy.fill(torch.zeros(1, words_for(WIDTH), dtype=torch.int32), 0)
+    assert probes == []  # far: MAX_RISE and more from its need
+    eager = closing_layer(compiled, vocab, budget, json=True)
+    eager.horizon.reach = max(eager.horizon.reach, tables_of(compiled).rise(vocab))
+    eager.rise = None
+    assert probes == [1]
+    lazy = closing_layer(compiled, vocab, budget, json=True)
+    rng = random.Random(0)
+    for step in range(budget):
+        masks = [mask_of(layer) for layer in (lazy, eager)]
+        assert torch.equal(masks[0], masks[1]), step
+        allowed = np.flatnonzero(allowed_ids(masks[0][0], WIDTH)).tolist()
+        on_path = step < len(path) and path[step] in allowed  # (closing may end the note)
+        token = path[step] if on_path else rng.choice(allowed)
+        if token == vocab.eos_token_id:
+            break
+        assert lazy.consume([token]) and eager.consume([token])
+    else:
+        raise AssertionError("the walk did not end by its budget")
+    assert lazy.rise is None  # it came near, and used the rise
+    assert probes == [1]  # walked once for the grammar
