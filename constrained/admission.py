@@ -59,27 +59,47 @@ def tokenizer_path(model_config: Any) -> str:
     return str(getattr(model_config, "tokenizer", None) or model_config.model)
 
 
-def served_vocab(model_config: Any, width: int | None = None, tokenizer: Any = None) -> Any:
+def served_vocab(
+    model_config: Any,
+    width: int | None = None,
+    tokenizer: Any = None,
+    reads_tokenizer: bool = False,
+) -> Any:
     """The served tokenizer's ``Vocab`` at the logits ``width`` (the model's by default),
     built once per process and never from a second load where it can be helped: over
     ``tokenizer`` (the frontend's) or vLLM's cached one where this process holds it (the
     engine's structured output manager loads it at start-up), else from the tokenizer's
     record in the compiled-grammar store (``grammars/vocab_record.py``: a worker in a process
-    of its own), else loaded (1.8-3.5 s)."""
+    of its own), else loaded (1.8-3.5 s). ``reads_tokenizer``: the caller reads the served
+    tokenizer itself (a reasoning parser), so it is loaded, and the record not read."""
     from constrained.grammars import load_vocab
-    from constrained.grammars.compiler import default_store
+    from constrained.grammars.vocab_record import RecordPlace
 
     width = int(model_config.get_vocab_size()) if width is None else width
+    # (a record is found by the files of the tokenizer's directory; a pinned revision's may
+    # not be the ones the hub cache names: loaded, as before)
     pinned = getattr(model_config, "tokenizer_revision", None) is not None
+    names = (str(getattr(model_config, "tokenizer_mode", "")),
+             str(getattr(model_config, "trust_remote_code", "")))  # fmt: skip
     return load_vocab(
         tokenizer_path(model_config),
         width,
         hf_tokenizer=tokenizer if tokenizer is not None else _vllm_tokenizer(model_config, True),
         find_tokenizer=lambda: _vllm_tokenizer(model_config),
-        # (a record is found by the files of the tokenizer's directory; a pinned revision's
-        # may not be the ones the hub cache names: loaded, as before)
-        store=None if pinned else default_store(),
+        records=None if pinned or reads_tokenizer else RecordPlace(_record_store, names),
     )
+
+
+def _record_store() -> Any:
+    """The compiled-grammar store for the tokenizer's record, or ``None`` (off, or not
+    private: the record is an optimisation; compiles report the store's error)."""
+    from constrained.grammars.compiler import default_store
+    from constrained.grammars.store import StoreError
+
+    try:
+        return default_store()
+    except StoreError:
+        return None
 
 
 def _vllm_tokenizer(model_config: Any, held_only: bool = False) -> Any:

@@ -139,10 +139,14 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
             self.active = np.array([True, False, True, False])
             self.payload = [object(), None, None, None]
 
+    class Vocab:
+        from_record = True  # built from the tokenizer's record, not a second load
+
     class Compiler:
         cache_size = 512
         compiled = 1
         loaded = 6
+        vocab = Vocab()
 
         def cache_len(self) -> int:
             return 7
@@ -158,4 +162,6 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
     snap = json.loads((tmp_path / "stats.json").read_text())
     assert snap["processors"]["FakeProcessor"] == {"active_slots": 2, "payloads": 1, "capacity": 4}
     assert snap["compile_cache"] == {"entries": 7, "capacity": 512, "compiled": 1, "loaded": 6}
+    assert snap["vocab_from_record"] is True
+    assert StatsReporter(None, 0).snapshot()["vocab_from_record"] is False
     assert StatsReporter(None, 0).snapshot()["processors"] == {}  # disabled: registers nothing

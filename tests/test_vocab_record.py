@@ -17,11 +17,11 @@ import shutil
 import pytest
 import torch
 
-from constrained.grammars import GrammarSpec, compile_now
+from constrained.grammars import GrammarSpec, compile_now, vocab_record
 from constrained.grammars.matcher import words_for
-from constrained.grammars.store import GrammarStore
+from constrained.grammars.store import GrammarStore, store_key
 from constrained.grammars.vocab import Vocab, _build, load_vocab
-from constrained.grammars.vocab_record import StoredTokenizer, record_key
+from constrained.grammars.vocab_record import RecordPlace, StoredTokenizer, record_key
 from constrained.tiny_model import VOCABS, build_tiny_model
 
 # Texts a tokenizer may split differently: accents, combining marks, emoji, escapes,
@@ -33,6 +33,10 @@ SCHEMA = {
     "properties": {"name": {"type": "string", "maxLength": 8}, "tags": {"type": "array"}},
     "required": ["name"],
 }
+
+
+def at(store: GrammarStore) -> RecordPlace:
+    return RecordPlace(lambda: store)
 
 
 @pytest.fixture(scope="module", params=sorted(VOCABS))
@@ -48,8 +52,8 @@ def both(tokenizer_dir, tmp_path_factory) -> tuple[Vocab, Vocab]:
     """The vocabulary built from the tokenizer (saving its record), then from the record."""
     path, width = tokenizer_dir
     store = GrammarStore(tmp_path_factory.mktemp("store"), 1 << 30)
-    real = _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, store)
-    stored = _build(path, width, None, None, None, store)
+    real = _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, at(store))
+    stored = _build(path, width, None, None, None, at(store))
     return real, stored
 
 
@@ -106,9 +110,9 @@ def test_the_record_masks_as_the_tokenizer(both, backend) -> None:
 def test_the_served_tokenizer_is_loaded_only_when_read(tokenizer_dir, tmp_path) -> None:
     path, width = tokenizer_dir
     store = GrammarStore(tmp_path, 1 << 30)
-    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, store)
+    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, at(store))
     loads = []
-    stored = _build(path, width, None, None, lambda: loads.append(1), store)
+    stored = _build(path, width, None, None, lambda: loads.append(1), at(store))
     stored.encode("{}")
     stored.llguidance()
     assert loads == []
@@ -123,7 +127,7 @@ def test_a_changed_tokenizer_file_finds_no_record(tokenizer_dir, tmp_path) -> No
     path, width = tokenizer_dir
     store = GrammarStore(tmp_path, 1 << 30)
     before = record_key(path, width, None)
-    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, store)
+    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, at(store))
     assert store.has(before)
     config = pathlib.Path(path, "tokenizer_config.json")
     original = config.read_text()
@@ -141,19 +145,101 @@ def test_a_changed_tokenizer_file_finds_no_record(tokenizer_dir, tmp_path) -> No
 def test_a_damaged_record_is_never_read(tokenizer_dir, tmp_path) -> None:
     path, width = tokenizer_dir
     store = GrammarStore(tmp_path, 1 << 30)
-    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, store)
+    _build(path, width, None, load_vocab(path, width).hf_tokenizer, None, at(store))
     key = record_key(path, width, None)
     file = store._path(key)
     data = bytearray(file.read_bytes())
     data[-10] ^= 0xFF
     file.write_bytes(bytes(data))
-    vocab = _build(path, width, None, None, None, store)  # loads the tokenizer instead
+    vocab = _build(path, width, None, None, None, at(store))  # loads the tokenizer instead
     assert not vocab.from_record
     assert store.has(key)  # and saved the record again, whole
-    assert _build(path, width, None, None, None, store).from_record
+    assert _build(path, width, None, None, None, at(store)).from_record
 
 
 def test_no_store_or_no_directory_means_the_tokenizer(tokenizer_dir) -> None:
     path, width = tokenizer_dir
     assert not _build(path, width, None, None, None, None).from_record
     assert record_key("no-such-org/no-such-model", width, None) is None
+
+
+def test_a_truncation_the_saver_had_set_is_not_kept(tokenizer_dir, tmp_path) -> None:
+    """vLLM's frontend truncates prompts through the tokenizer it shares with us, and the
+    Rust core keeps the last truncation set (``to_str`` writes it): a record's core is read
+    without it, or a worker would cut every text it encodes."""
+    from transformers import AutoTokenizer
+
+    path, width = tokenizer_dir
+    tokenizer = AutoTokenizer.from_pretrained(path)  # (one of its own: changed here)
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    tokenizer.backend_tokenizer.enable_padding(length=8)
+    _build(path, width, None, tokenizer, None, at(store := GrammarStore(tmp_path, 1 << 30)))
+    stored = _build(path, width, None, None, None, at(store))
+    assert stored.from_record
+    text = '{"name": "a longer text than four tokens", "n": 12345}'
+    tokenizer.backend_tokenizer.no_truncation()
+    tokenizer.backend_tokenizer.no_padding()
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert len(expected) > 8
+    assert stored.encode(text) == expected
+    assert stored.tokenizer.encode(text) == expected
+
+
+def test_a_record_of_another_tokenizer_is_replaced(tokenizer_dir, tmp_path) -> None:
+    """A process with the tokenizer checks the record's fingerprint (a small entry of its
+    own) and saves its record again where it differs: a hub cache resolved to another
+    snapshot, a file the key does not read."""
+    path, width = tokenizer_dir
+    store = GrammarStore(tmp_path, 1 << 30)
+    real = load_vocab(path, width)
+    key = record_key(path, width, None)
+    mark = store_key(key, "fingerprint")
+    _build(path, width, None, real.hf_tokenizer, None, at(store))
+    assert store.load(mark)[1] == real.fingerprint().encode()
+    store.save(mark, "vocab", b"another tokenizer's")
+    saved = []
+    real_save = vocab_record.save_record
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vocab_record, "save_record", lambda *a: saved.append(1) or real_save(*a))
+        _build(path, width, None, real.hf_tokenizer, None, at(store))
+        assert saved == [1] and store.load(mark)[1] == real.fingerprint().encode()
+        _build(path, width, None, real.hf_tokenizer, None, at(store))
+        assert saved == [1]  # the same tokenizer's: kept
+
+
+def test_a_record_that_cannot_be_written_or_read_leaves_the_tokenizer(
+    tokenizer_dir, tmp_path, monkeypatch
+) -> None:
+    path, width = tokenizer_dir
+    store = GrammarStore(tmp_path, 1 << 30)
+    real = load_vocab(path, width).hf_tokenizer
+
+    def refuse(*_: object) -> None:
+        raise ValueError("Custom PreTokenizer cannot be serialized")
+
+    monkeypatch.setattr(vocab_record, "save_record", refuse)
+    assert not _build(path, width, None, real, None, at(store)).from_record
+    assert not store.has(record_key(path, width, None))
+    monkeypatch.undo()
+    _build(path, width, None, real, None, at(store))
+    monkeypatch.setattr(vocab_record, "_read", refuse)
+    vocab = _build(path, width, None, None, None, at(store))
+    assert not vocab.from_record and vocab.token_bytes() == load_vocab(path, width).token_bytes()
+
+
+def test_a_store_that_is_not_private_means_no_record(tmp_path, monkeypatch) -> None:
+    """The record is an optimisation: a store directory others may write (refused for
+    compiles, naming the setting) is not used for it, and the vocabulary is still built."""
+    from constrained.admission import _record_store
+    from constrained.settings import reset
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE", str(shared))
+    reset()
+    try:
+        assert _record_store() is None
+    finally:
+        monkeypatch.undo()
+        reset()

@@ -17,8 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from constrained.grammars.store import GrammarStore
-from constrained.grammars.vocab_record import StoredTokenizer, load_record, record_key, save_record
+from constrained.grammars.vocab_record import (
+    RecordPlace,
+    StoredTokenizer,
+    keep_record,
+    load_record,
+    record_key,
+)
 
 ENCODED_TEXTS = 4096  # texts ``Vocab.encode`` keeps (closing respells the same few often)
 
@@ -130,7 +135,8 @@ class Vocab:
         if ids is None:
             core = self._once("encode_core", lambda: _rust_core(self.tokenizer) or False)
             # The core keeps the truncation or padding a ``transformers`` call last set on
-            # it (a frontend sharing the tokenizer): then the wrapper, which resets them.
+            # it (a frontend sharing the tokenizer): then the wrapper, which resets them (a
+            # record's core has neither: ``vocab_record`` clears them when it reads it).
             if core is False or core.truncation is not None or core.padding is not None:
                 ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
             else:
@@ -278,21 +284,23 @@ def load_vocab(
     eos_token_id: int | None = None,
     hf_tokenizer: Any = None,
     find_tokenizer: Callable[[], Any] | None = None,
-    store: GrammarStore | None = None,
+    records: RecordPlace | None = None,
 ) -> Vocab:
     """The ``Vocab`` of a tokenizer directory (or hub name), built once per process.
 
     From, in this order: ``hf_tokenizer`` (the same tokenizer, already loaded: vLLM has one)
-    when it is a fast Hugging Face one; the tokenizer's record in ``store``
+    when it is a fast Hugging Face one; the tokenizer's record where ``records`` says
     (``vocab_record``: a process that had the tokenizer saved it); what ``find_tokenizer``
-    loads; ``AutoTokenizer``. A vocabulary built from a tokenizer saves its record in
-    ``store`` where there is none yet, for the processes that do not have it.
+    loads; ``AutoTokenizer``. A vocabulary built from a tokenizer keeps its record there
+    (``keep_record``), for the processes that do not have it.
     """
     key = (tokenizer_path, width, eos_token_id)
     with _VOCABS_LOCK:
         vocab = _VOCABS.get(key)
         if vocab is None:
-            vocab = _build(tokenizer_path, width, eos_token_id, hf_tokenizer, find_tokenizer, store)
+            vocab = _build(
+                tokenizer_path, width, eos_token_id, hf_tokenizer, find_tokenizer, records
+            )
             _VOCABS[key] = vocab
         return vocab
 
@@ -303,14 +311,17 @@ def _build(
     eos_token_id: int | None,
     tok: Any,
     find_tokenizer: Callable[[], Any] | None,
-    store: GrammarStore | None,
+    records: RecordPlace | None,
 ) -> Vocab:
     def load() -> Any:
         found = find_tokenizer() if find_tokenizer is not None else None
         return found if _is_fast_hf(found) else _load_tokenizer(path)
 
     name = f"{path}@{width}"
-    record_at = record_key(path, width, eos_token_id) if store is not None else None
+    store = records.find_store() if records is not None else None
+    record_at = None
+    if store is not None:
+        record_at = record_key(path, width, eos_token_id, records.parts)
     if not _is_fast_hf(tok):
         record = load_record(store, record_at) if record_at is not None else None
         if record is not None:
@@ -326,8 +337,8 @@ def _build(
         tok = load()
     eos = tok.eos_token_id if eos_token_id is None else eos_token_id
     vocab = Vocab(tok, max(width, len(tok)), int(eos), key=name)
-    if record_at is not None and not store.has(record_at):
-        save_record(
+    if record_at is not None:
+        keep_record(
             store, record_at, tok, vocab.token_bytes(), vocab.special_ids(), vocab.fingerprint()
         )
     return vocab

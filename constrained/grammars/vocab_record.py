@@ -6,7 +6,7 @@ loading it again took 1.8-3.5 s (Qwen2, ``transformers`` 5) in the first constra
 So the first process that builds a ``Vocab`` from the tokenizer itself saves what every
 backend and closing read of it in the compiled-grammar store (``GrammarStore``: private,
 checksummed), and a process without the tokenizer builds its ``Vocab`` from that record
-(0.6 s) instead of loading it:
+(0.75 s) instead of loading it:
 
 - each id's bytes, the special ids, end-of-sequence, the tokenizer's length, its added tokens
   and the ``Vocab`` fingerprint, as the tokenizer gave them;
@@ -14,16 +14,21 @@ checksummed), and a process without the tokenizer builds its ``Vocab`` from that
   not the directory's ``tokenizer.json``, from which ``transformers`` 5 rebuilds a different
   pipeline for Qwen), for ``encode``.
 
-A record is found by ``record_key``: a SHA-256 of the tokenizer directory's files, the logits
-width, the end-of-sequence override, the versions of ``transformers``, ``tokenizers`` and
-vLLM, and this module's and ``vocab.py``'s code, so a changed file or version finds no record
-and the tokenizer is loaded. A tokenizer not in a local directory or the Hugging Face cache
-has no key, and is always loaded.
+A record is found by ``record_key``: a SHA-256 of the tokenizer directory's files (its Python
+files too: remote code), the logits width, the end-of-sequence override, what else the caller
+names of the tokenizer (vLLM's tokenizer mode, ``trust_remote_code``), the versions of
+``transformers``, ``tokenizers`` and vLLM, and this module's and ``vocab.py``'s code, so a
+changed file or version finds no record and the tokenizer is loaded. A process with the
+tokenizer also checks the record it finds against its own tables' fingerprint
+(``keep_record``) and replaces one of another tokenizer (a hub cache resolved to another
+snapshot than the one loaded). A tokenizer not in a local directory or the Hugging Face cache
+has no key, and is always loaded. The record is an optimisation: a record that cannot be
+written or read leaves the tokenizer loaded, as without it.
 
 Example::
 
     key = record_key("/models/qwen", 151_936, None)
-    save_record(store, key, tokenizer, vocab.token_bytes(), vocab.special_ids(), fingerprint)
+    keep_record(store, key, tokenizer, vocab.token_bytes(), vocab.special_ids(), fingerprint)
     record = load_record(store, key)        # in a worker: None when absent
     record.tokenizer.encode("{}")           # the served tokenizer's ids
 """
@@ -33,12 +38,16 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from constrained.grammars.store import GrammarStore, store_key
+
+logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = 1
 KIND = "vocab"  # the store's ``backend`` field of a record
@@ -87,6 +96,15 @@ class StoredTokenizer:
 
 
 @dataclass(frozen=True)
+class RecordPlace:
+    """Where a tokenizer's record is kept: ``find_store`` (called when a vocabulary is built:
+    the store, or ``None``) and what else names the tokenizer (``record_key``'s ``parts``)."""
+
+    find_store: Callable[[], GrammarStore | None]
+    parts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Record:
     """A tokenizer's record: a stand-in tokenizer and the tables a ``Vocab`` keeps of it."""
 
@@ -96,14 +114,16 @@ class Record:
     fingerprint: str
 
 
-def record_key(tokenizer_path: str, width: int, eos_token_id: int | None) -> str | None:
+def record_key(
+    tokenizer_path: str, width: int, eos_token_id: int | None, parts: tuple[str, ...] = ()
+) -> str | None:
     """The store key of the record of the tokenizer at ``tokenizer_path`` (a directory, or a
     hub name found in the Hugging Face cache); ``None`` when its files are not found."""
     directory = _tokenizer_dir(tokenizer_path)
     if directory is None or not (directory / "tokenizer.json").is_file():
         return None  # (a slow or non-Hugging-Face tokenizer: loaded, never recorded)
     files = hashlib.sha256()
-    for name in TOKENIZER_FILES:
+    for name in [*TOKENIZER_FILES, *sorted(p.name for p in directory.glob("*.py"))]:
         path = directory / name
         if path.is_file():
             files.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
@@ -115,8 +135,31 @@ def record_key(tokenizer_path: str, width: int, eos_token_id: int | None) -> str
         tokenizer_path,
         str(width),
         str(eos_token_id),
+        *parts,
         files.hexdigest(),
     )
+
+
+def keep_record(
+    store: GrammarStore,
+    key: str,
+    tokenizer: Any,
+    token_bytes: list[bytes],
+    special_ids: list[int],
+    fingerprint: str,
+) -> None:
+    """Save the record of ``tokenizer`` under ``key`` unless the store holds one with the same
+    fingerprint (a small entry of its own says which: checked without reading the record).
+    Never raises: a record that cannot be written is logged, and workers load the tokenizer."""
+    mark = store_key(key, "fingerprint")
+    try:
+        found = store.load(mark)
+        if found is not None and found[1] == fingerprint.encode() and store.has(key):
+            return
+        if save_record(store, key, tokenizer, token_bytes, special_ids, fingerprint):
+            store.save(mark, KIND, fingerprint.encode())
+    except Exception as exc:  # (a tokenizer whose core cannot be serialized, a full disk)
+        logger.warning("constrained: the tokenizer's record was not saved (%s)", exc)
 
 
 def save_record(
@@ -147,13 +190,22 @@ def save_record(
 
 
 def load_record(store: GrammarStore, key: str) -> Record | None:
-    """The record under ``key``; ``None`` if absent (or damaged: the store checks it)."""
+    """The record under ``key``; ``None`` if absent, damaged (the store checks it) or not
+    readable here (logged)."""
     found = store.load(key)
     if found is None or found[0] != KIND:
         return None
+    try:
+        return _read(found[1])
+    except Exception as exc:  # (another ``tokenizers`` could not parse it: loaded instead)
+        logger.warning("constrained: the tokenizer's record was not read (%s)", exc)
+        return None
+
+
+def _read(payload: bytes) -> Record:
     from tokenizers import Tokenizer
 
-    head, _, body = found[1].partition(b"\n")
+    head, _, body = payload.partition(b"\n")
     header = json.loads(head)
     n_lengths, n_pieces, _ = header["sections"]
     lengths = array("I")
@@ -164,6 +216,10 @@ def load_record(store: GrammarStore, key: str) -> Record | None:
         token_bytes.append(bytes(pieces[at : at + n]))
         at += n
     core = Tokenizer.from_str(body[n_lengths + n_pieces :].decode())
+    # The saving process's last ``transformers`` call may have left truncation or padding
+    # set on its core (vLLM's frontend truncates prompts), and ``to_str`` keeps them.
+    core.no_truncation()
+    core.no_padding()
     tokenizer = StoredTokenizer(
         core, header["size"], header["eos"], header["special_ids"], header["added"]
     )

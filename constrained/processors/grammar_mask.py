@@ -81,12 +81,12 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
     def _build(self) -> None:
         """The vocabulary, compiler, mask writer and fill (a pipeline stage that never samples
         has none)."""
-        vocab = served_vocab(self.vllm_config.model_config, self.logits_width)
+        parser = parser_applies(self.vllm_config) != ""  # (it reads the served tokenizer)
+        config = self.vllm_config.model_config
+        vocab = served_vocab(config, self.logits_width, reads_tokenizer=parser)
         # Banned while a request thinks: end-of-sequence (the answer must come) and the tokens
         # the engine's reasoning parser reads as an implicit end (reasoning_parser.py).
-        # (The served tokenizer only where a parser reads it: a worker whose vocabulary came
-        # from its record would load it.)
-        served = vocab.hf_tokenizer if parser_applies(self.vllm_config) else None
+        served = vocab.hf_tokenizer if parser else None
         implicit = thinking_ends(self.vllm_config, served).implicit_ids
         writer = MaskWriter(vocab, self.layout.device)
         fill = self.layout.pick(V1MaskFill, V2MaskFill)(writer, self.slots, self.layout)
