@@ -198,9 +198,9 @@ def test_a_record_of_another_tokenizer_is_replaced(tokenizer_dir, tmp_path) -> N
     assert store.load(mark)[1] == real.fingerprint().encode()
     store.save(mark, "vocab", b"another tokenizer's")
     saved = []
-    real_save = vocab_record.save_record
+    real_save = vocab_record._payload
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vocab_record, "save_record", lambda *a: saved.append(1) or real_save(*a))
+        patch.setattr(vocab_record, "_payload", lambda *a: saved.append(1) or real_save(*a))
         _build(path, width, None, real.hf_tokenizer, None, at(store))
         assert saved == [1] and store.load(mark)[1] == real.fingerprint().encode()
         _build(path, width, None, real.hf_tokenizer, None, at(store))
@@ -217,7 +217,7 @@ def test_a_record_that_cannot_be_written_or_read_leaves_the_tokenizer(
     def refuse(*_: object) -> None:
         raise ValueError("Custom PreTokenizer cannot be serialized")
 
-    monkeypatch.setattr(vocab_record, "save_record", refuse)
+    monkeypatch.setattr(vocab_record, "_payload", refuse)
     assert not _build(path, width, None, real, None, at(store)).from_record
     assert not store.has(record_key(path, width, None))
     monkeypatch.undo()

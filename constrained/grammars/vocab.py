@@ -330,7 +330,7 @@ def _build(
             vocab = Vocab(stand_in, len(record.token_bytes), int(eos), name, load_served=load)
             vocab._built.update(
                 bytes=record.token_bytes,
-                special_ids=record.special_ids,
+                special_ids=stand_in.all_special_ids,
                 fingerprint=record.fingerprint,
             )
             return vocab

@@ -106,11 +106,11 @@ class RecordPlace:
 
 @dataclass(frozen=True)
 class Record:
-    """A tokenizer's record: a stand-in tokenizer and the tables a ``Vocab`` keeps of it."""
+    """A tokenizer's record: a stand-in tokenizer (its ``all_special_ids`` are the ``Vocab``'s
+    special ids) and the tables a ``Vocab`` keeps of it."""
 
     tokenizer: StoredTokenizer
     token_bytes: list[bytes]
-    special_ids: list[int]
     fingerprint: str
 
 
@@ -156,22 +156,18 @@ def keep_record(
         found = store.load(mark)
         if found is not None and found[1] == fingerprint.encode() and store.has(key):
             return
-        if save_record(store, key, tokenizer, token_bytes, special_ids, fingerprint):
+        payload = _payload(tokenizer, token_bytes, special_ids, fingerprint)
+        if store.save(key, KIND, payload):
             store.save(mark, KIND, fingerprint.encode())
     except Exception as exc:  # (a tokenizer whose core cannot be serialized, a full disk)
         logger.warning("constrained: the tokenizer's record was not saved (%s)", exc)
 
 
-def save_record(
-    store: GrammarStore,
-    key: str,
-    tokenizer: Any,
-    token_bytes: list[bytes],
-    special_ids: list[int],
-    fingerprint: str,
-) -> bool:
-    """Save the record of a fast Hugging Face ``tokenizer`` (and the tables a ``Vocab`` built
-    of it) under ``key``; False if the store refused it."""
+def _payload(
+    tokenizer: Any, token_bytes: list[bytes], special_ids: list[int], fingerprint: str
+) -> bytes:
+    """The record of a fast Hugging Face ``tokenizer`` and the tables a ``Vocab`` built of it,
+    as ``_read`` reads it."""
     core = tokenizer.backend_tokenizer.to_str().encode()
     added = tokenizer.added_tokens_decoder  # (a property that builds a new dict on every read)
     lengths = array("I", map(len, token_bytes)).tobytes()
@@ -185,8 +181,7 @@ def save_record(
         "width": len(token_bytes),
         "sections": [len(lengths), len(pieces), len(core)],
     }
-    payload = b"\n".join([json.dumps(header).encode(), lengths + pieces + core])
-    return store.save(key, KIND, payload)
+    return b"\n".join([json.dumps(header).encode(), lengths + pieces + core])
 
 
 def load_record(store: GrammarStore, key: str) -> Record | None:
@@ -223,7 +218,7 @@ def _read(payload: bytes) -> Record:
     tokenizer = StoredTokenizer(
         core, header["size"], header["eos"], header["special_ids"], header["added"]
     )
-    return Record(tokenizer, token_bytes, header["special_ids"], header["fingerprint"])
+    return Record(tokenizer, token_bytes, header["fingerprint"])
 
 
 def _tokenizer_dir(tokenizer_path: str) -> Path | None:
