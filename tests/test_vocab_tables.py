@@ -130,3 +130,57 @@ def test_utf8_seams_equal_the_piece_by_piece_build(vocab: Vocab) -> None:
         assert kinds[token] == kind, (token, piece)
         assert continues[token] == (bool(piece) and piece[0] & 0xC0 == 0x80), (token, piece)
     assert {int(k) for k in kinds} == {SEAM_FREE, SEAM_OPEN, SEAM_WHOLE}
+
+
+def test_closing_ranks_equal_the_piece_by_piece_ranks(vocab: Vocab) -> None:
+    """``token_ranks`` decides most pieces by their length at once; each equals ``_rank``."""
+    from constrained.grammars.closing import _NEVER, _rank, token_ranks
+
+    for closers_first in (True, False):
+        expected = [_rank(piece, closers_first) for piece in vocab.token_bytes()]
+        expected[vocab.eos_token_id] = int(_NEVER)
+        assert token_ranks(vocab, closers_first).tolist() == expected
+
+
+def reference_token_reach(pieces: list[bytes]) -> dict[str, list]:
+    """``json_scan.token_reach``'s per-token arrays, each piece read on its own."""
+    from constrained.schema.json_scan import _ESCAPES, _STRUCTURAL, _reach, _starts_scalar
+
+    out: dict[str, list] = {"low0": [], "low1": [], "bracket0": [], "bracket1": [], "bare": []}
+    out.update({f"escaped{e}": [] for e in _ESCAPES})
+    for piece in pieces:
+        structural = bool(_STRUCTURAL.intersection(piece))
+        for inside in (0, 1):
+            low, bracket, bare = _reach(piece, bool(inside)) if structural else (127, False, 0)
+            out[f"low{inside}"].append(low)
+            out[f"bracket{inside}"].append(bracket)
+            if not inside:
+                bare = bare if structural else any(b in b", \t\n\rel" for b in piece)
+                out["bare"].append(bool(bare))
+        for escape in _ESCAPES:
+            skip = escape if escape > 0 else (5 if piece[:1] == b"u" else 1)
+            found = _reach(piece[skip:], True)[:2] if structural else (127, False)
+            out[f"escaped{escape}"].append(found)
+    out["scalar_start"] = [_starts_scalar(p.lstrip(b", \t\n\r")) for p in pieces]
+    out["number_next"] = [bool(p) and p[0] in b"0123456789.eE" for p in pieces]
+    return out
+
+
+def test_token_reach_equals_the_piece_by_piece_reach(vocab: Vocab) -> None:
+    """``token_reach`` reads only pieces with a quote, bracket or backslash one by one (and
+    the few that may start a scalar); every array equals the piece-by-piece definition."""
+    from constrained.schema.json_scan import token_reach
+
+    pieces = vocab.token_bytes()
+    reach, expected = token_reach(pieces), reference_token_reach(pieces)
+    assert reach.outside_low.tolist() == expected["low0"]
+    assert reach.inside_low.tolist() == expected["low1"]
+    assert reach.outside_bracket.tolist() == expected["bracket0"]
+    assert reach.inside_bracket.tolist() == expected["bracket1"]
+    assert reach.outside_bare.tolist() == expected["bare"]
+    assert reach.scalar_start.tolist() == expected["scalar_start"]
+    assert reach.number_next.tolist() == expected["number_next"]
+    for escape, (low, bracket) in reach.escaped.items():
+        pairs = list(zip(low.tolist(), bracket.tolist(), strict=True))
+        assert pairs == expected[f"escaped{escape}"]
+    assert sum(expected["scalar_start"]) > 100 and sum(expected["bare"]) > 1000

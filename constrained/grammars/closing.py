@@ -31,6 +31,8 @@ import torch
 
 from constrained.grammars.matcher import row_ids, words_for
 from constrained.grammars.qwen_xml import PARAMETER_CLOSE
+from constrained.grammars.token_shapes import piece_arrays
+from constrained.schema.piece_arrays import byte_set
 
 if TYPE_CHECKING:
     from constrained.grammars.matcher import Matcher
@@ -84,12 +86,24 @@ def _rank(piece: bytes, closers_first: bool) -> int:
     return _MULTI_BYTE + len(piece)
 
 
+_BACKSLASH = byte_set(b"\\")
+_CLOSERS = byte_set(b'"]}')
+_LITERAL_BYTES = byte_set(b'"[]{}' + b"nulltruefalse")
+
+
 def token_ranks(vocab: Vocab, closers_first: bool = True) -> np.ndarray:
     """Each token id's finishing rank in one of the two orders (built once per vocabulary)."""
 
     def build() -> np.ndarray:
-        pieces = vocab.token_bytes()
-        ranks = np.array([_rank(piece, closers_first) for piece in pieces], dtype=np.int32)
+        # A piece of two or more bytes ranks by its length unless it has a backslash, is
+        # only closers or is a short literal: those few go through ``_rank`` one by one.
+        pieces, arrays = vocab.token_bytes(), piece_arrays(vocab)
+        ranks = (_MULTI_BYTE + arrays.lengths).astype(np.int32)
+        short = arrays.lengths <= 1
+        special = arrays.any_in(_BACKSLASH) | arrays.all_in(_CLOSERS)
+        literal = (arrays.lengths <= 5) & arrays.all_in(_LITERAL_BYTES)
+        for token in np.flatnonzero(short | special | literal).tolist():
+            ranks[token] = _rank(pieces[token], closers_first)
         ranks[vocab.eos_token_id] = _NEVER
         return ranks
 

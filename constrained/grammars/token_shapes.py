@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from constrained.schema.piece_arrays import PieceArrays, byte_set
+
 if TYPE_CHECKING:
     from constrained.grammars.vocab import Vocab
 
@@ -35,7 +37,6 @@ _TEXT[:0x20] = False  # (control bytes are not text there)
 _PLAIN_RUNS = re.compile(
     b"[" + b"".join(re.escape(bytes([b])) for b in range(256) if _PLAIN[b]) + b"]+"
 ).sub
-_CONTINUATIONS = re.compile(b"[\x80-\xbf]*").match  # UTF-8 continuation bytes (10xxxxxx)
 _TEXT_RUN = re.compile(
     b"[" + b"".join(re.escape(bytes([b])) for b in range(256) if _TEXT[b]) + b"]*"
 ).match
@@ -55,26 +56,39 @@ def _classes(vocab: Vocab, text: bool) -> tuple[np.ndarray, np.ndarray]:
 
     A piece's key: each run of plain bytes as one ``\x00`` (inside free text, its bytes
     before the first quote, backslash or control byte are plain too), the other bytes as
-    they are, then the UTF-8 bounds."""
-    keys: dict[bytes, int] = {}
-    classes = [-1] * vocab.width  # (lists, then arrays: a NumPy item set is slower)
-    lengths = [0] * vocab.width
-    first = TEXT_CLASSES if text else 0
-    number = keys.setdefault
-    for token, piece in enumerate(vocab.token_bytes()):
-        if not piece:
-            continue
+    they are, then the UTF-8 bounds. Class ids are numbered by first appearance, by id.
+    Most pieces are one plain run, so their key is their bounds alone: read from the arrays
+    for all of them at once, the rest key by key."""
+    pieces = vocab.token_bytes()
+    arrays = piece_arrays(vocab)
+    leading, owed = arrays.leading_continuations(), arrays.open_bytes()
+    # A key's code: its bounds for one plain run (under 25), else 25 + the key's number.
+    codes = leading * 5 + owed
+    keyed = arrays.lengths > 0
+    keyed &= ~arrays.all_in(_TEXT if text else _PLAIN)
+    others: dict[bytes, int] = {}
+    for token in np.flatnonzero(keyed).tolist():
+        piece = pieces[token]
         shape = piece
         if text:  # (any plain byte stands for the text run: it collapses with what follows)
             inside = _TEXT_RUN(piece).end()
             shape = b"a" * inside + piece[inside:]
-        # A piece that starts or ends inside a UTF-8 character is not plain text: it needs
-        # (or continues) bytes of that character.
-        bounds = min(_CONTINUATIONS(piece).end(), 4), open_bytes(piece)
-        key = _PLAIN_RUNS(b"\x00", shape) + b"\xfe%c\xff%c" % bounds
-        classes[token] = first + number(key, len(keys))
-        lengths[token] = len(piece)
-    return np.array(classes, dtype=np.int64), np.array(lengths, dtype=np.int64)
+        runs = _PLAIN_RUNS(b"\x00", shape)
+        if runs != b"\x00":
+            key = runs + b"\xfe%c\xff%c" % (leading[token], owed[token])
+            codes[token] = 25 + others.setdefault(key, len(others))
+    present = np.flatnonzero(arrays.lengths > 0)
+    unique, first, inverse = np.unique(codes[present], return_index=True, return_inverse=True)
+    number = np.empty(unique.size, dtype=np.int64)  # each code's rank by first appearance
+    number[np.argsort(first)] = np.arange(unique.size)
+    classes = np.full(vocab.width, -1, dtype=np.int64)
+    classes[present] = (TEXT_CLASSES if text else 0) + number[inverse]
+    return classes, arrays.lengths.copy()
+
+
+def piece_arrays(vocab: Vocab) -> PieceArrays:
+    """The vocabulary's pieces as flat arrays (built once per vocabulary)."""
+    return vocab._once("piece_arrays", lambda: PieceArrays.of(vocab.token_bytes()))
 
 
 def class_order(vocab: Vocab, text: bool = False) -> np.ndarray:
@@ -177,6 +191,7 @@ def open_bytes(piece: bytes) -> int:
 
 
 SEAM_FREE, SEAM_OPEN, SEAM_WHOLE = 0, 1, 2  # ``utf8_seams``' kinds of a token's end
+_CONTINUATION = byte_set(range(0x80, 0xC0))  # UTF-8 continuation bytes (10xxxxxx)
 
 
 def utf8_seams(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
@@ -188,32 +203,11 @@ def utf8_seams(vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
     is valid UTF-8; after a whole one, never such a text (``seam_fits``)."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        # At C speed over every piece's bytes at once (a loop over 151,936 pieces took 0.3 s
-        # of a new engine's first near row): a piece's first byte, its last four, and
-        # whether any byte starts a character.
-        pieces = vocab.token_bytes()
-        sizes = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        data = np.frombuffer(b"".join(pieces) + b"\0", dtype=np.uint8)
-        ends = np.cumsum(sizes)
-        starts, some = ends - sizes, sizes > 0
-        cont = (data & 0xC0) == 0x80
-        chars = np.concatenate([[0], np.cumsum(~cont[:-1])])  # characters begun before a byte
-        starts_char = chars[ends] > chars[starts]
-        continues = some & cont[starts]
-        trailing = np.zeros(len(pieces), dtype=np.int64)  # continuation bytes it ends with
-        still = some.copy()
-        for back in range(1, 5):
-            still &= sizes >= back
-            still &= cont[np.maximum(ends - back, 0)]
-            trailing += still
-        lead_at = ends - trailing - 1  # its last character's first byte, if in the last four
-        lead = data[np.maximum(lead_at, 0)]
-        size = np.select(
-            [(lead & 0xE0) == 0xC0, (lead & 0xF0) == 0xE0, (lead & 0xF8) == 0xF0], [2, 3, 4], 1
-        )
-        found = some & (trailing < np.minimum(sizes, 4))
-        opens = found & (size > trailing + 1)
-        kinds = np.where(opens, SEAM_OPEN, SEAM_WHOLE).astype(np.int8)
+        arrays = piece_arrays(vocab)
+        starts_char = ~arrays.all_in(_CONTINUATION)  # (b"": none, so free)
+        first = arrays.byte_at(0)
+        continues = (first >= 0) & (first & 0xC0 == 0x80)
+        kinds = np.where(arrays.open_bytes() > 0, SEAM_OPEN, SEAM_WHOLE).astype(np.int8)
         kinds[~starts_char] = SEAM_FREE
         return kinds, continues
 
