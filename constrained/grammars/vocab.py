@@ -133,7 +133,7 @@ class Vocab:
         known: dict[str, tuple[int, ...]] = self._once("encoded", dict)
         ids = known.get(text)
         if ids is None:
-            core = self._once("encode_core", lambda: _rust_core(self.tokenizer) or False)
+            core = self._encode_core()
             # The core keeps the truncation or padding a ``transformers`` call last set on
             # it (a frontend sharing the tokenizer): then the wrapper, which resets them (a
             # record's core has neither: ``vocab_record`` clears them when it reads it).
@@ -145,6 +145,10 @@ class Vocab:
                 known.clear()  # (a plain dict: the fill threads of engines in one process)
             known[text] = ids
         return list(ids)
+
+    def _encode_core(self) -> Any:
+        """The Rust core ``encode`` goes through (``False`` when there is none)."""
+        return self._once("encode_core", lambda: _rust_core(self.tokenizer) or False)
 
     def special_ids(self) -> list[int]:
         """The tokenizer's special token ids (its named specials and added tokens marked
@@ -179,13 +183,15 @@ class Vocab:
         return out
 
     def warm_in_background(self) -> threading.Thread:
-        """Build the store fingerprint and the llguidance and xgrammar tokenizers in a daemon
+        """Build the store fingerprint, the llguidance tokenizer, the Rust core ``encode``
+        reads (a record's is parsed when first read) and the xgrammar tokenizer in a daemon
         thread (about 3 s in all), so the engine's first constrained requests do not wait for
         them; a request that needs one sooner waits only for what is left of that build."""
 
         def warm() -> None:
             self.fingerprint()
             self.llguidance()
+            self._encode_core()
             self.xgrammar()
 
         thread = threading.Thread(target=warm, name="constrained-vocab", daemon=True)

@@ -39,6 +39,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,20 +68,43 @@ TOKENIZER_FILES = (
 class StoredTokenizer:
     """What a ``Vocab`` reads of a fast Hugging Face tokenizer, from a record: its Rust core
     (``encode``, ``convert_ids_to_tokens``, ``get_vocab`` go through it, as the fast
-    tokenizer's do) and the facts the tokenizer gave when the record was saved."""
+    tokenizer's do) and the facts the tokenizer gave when the record was saved.
+
+    The core is parsed from its JSON when first read (0.4-1 s: the vocabulary's tables and
+    the backends' tokenizers need only the pieces, so a worker's first step does not wait
+    for it; ``Vocab.warm_in_background`` reads it)."""
 
     def __init__(
-        self, core: Any, size: int, eos_token_id: int, special_ids: list[int], added: list
+        self, core_json: str, size: int, eos_token_id: int, special_ids: list[int], added: list
     ) -> None:
         from tokenizers import AddedToken
 
-        self.backend_tokenizer = core
+        self._core_json: str | None = core_json
+        self._core: Any = None
+        self._core_lock = threading.Lock()
         self._size = size
         self.eos_token_id = eos_token_id
         self.all_special_ids = list(special_ids)
         self.added_tokens_decoder = {
             int(i): AddedToken(content, special=bool(special)) for i, content, special in added
         }
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        """The Rust core (``tokenizers.Tokenizer``), parsed on first read."""
+        if self._core is None:
+            with self._core_lock:
+                if self._core is None:
+                    from tokenizers import Tokenizer
+
+                    core = Tokenizer.from_str(self._core_json)
+                    # The saving process's last ``transformers`` call may have left
+                    # truncation or padding set on its core (vLLM's frontend truncates
+                    # prompts), and ``to_str`` keeps them.
+                    core.no_truncation()
+                    core.no_padding()
+                    self._core, self._core_json = core, None
+        return self._core
 
     def __len__(self) -> int:
         return self._size
@@ -198,8 +222,6 @@ def load_record(store: GrammarStore, key: str) -> Record | None:
 
 
 def _read(payload: bytes) -> Record:
-    from tokenizers import Tokenizer
-
     head, _, body = payload.partition(b"\n")
     header = json.loads(head)
     n_lengths, n_pieces, _ = header["sections"]
@@ -210,13 +232,9 @@ def _read(payload: bytes) -> Record:
     for n in lengths:
         token_bytes.append(bytes(pieces[at : at + n]))
         at += n
-    core = Tokenizer.from_str(body[n_lengths + n_pieces :].decode())
-    # The saving process's last ``transformers`` call may have left truncation or padding
-    # set on its core (vLLM's frontend truncates prompts), and ``to_str`` keeps them.
-    core.no_truncation()
-    core.no_padding()
+    core_json = body[n_lengths + n_pieces :].decode()
     tokenizer = StoredTokenizer(
-        core, header["size"], header["eos"], header["special_ids"], header["added"]
+        core_json, header["size"], header["eos"], header["special_ids"], header["added"]
     )
     return Record(tokenizer, token_bytes, header["fingerprint"])
 
