@@ -302,17 +302,20 @@ class Options(OptionQueries, BaseModel):
 
     @field_validator("json_schema", mode="before")
     @classmethod
-    def _parse_schema(cls, value: Any) -> Any:
+    def _parse_schema(cls, value: Any, info: ValidationInfo) -> Any:
         from constrained.schema.user_input import schema_text
 
-        return schema_text(value)
+        # What admission checked the engine does not check again (``from_extra_args``).
+        return schema_text(value, check=not _admitted(info))
 
     @field_validator("structural_tag", mode="before")
     @classmethod
-    def _parse_structural_tag(cls, value: Any) -> Any:
+    def _parse_structural_tag(cls, value: Any, info: ValidationInfo) -> Any:
         from constrained.grammars.structural_tag import checked_structural_tag
 
-        return None if value is None else checked_structural_tag(value)
+        if value is None:
+            return None
+        return checked_structural_tag(value, check=not _admitted(info))
 
     @field_validator("regex", "grammar")
     @classmethod
@@ -397,11 +400,19 @@ class Options(OptionQueries, BaseModel):
 
     @classmethod
     def from_extra_args(
-        cls, extra_args: Mapping[str, Any] | None, *, logits_width: int | None = None
+        cls,
+        extra_args: Mapping[str, Any] | None,
+        *,
+        logits_width: int | None = None,
+        admitted: bool = False,
     ) -> Options | None:
         """Parse our keys out of ``extra_args``; ``None`` when the request uses none of them.
 
         Other keys are ignored here; admission (``constrained.admission``) refuses unknown ones.
+        ``admitted``: the engine's parse of a request admission passed, which skips the
+        schema's checks that only refuse (``user_input.schema_text``'s meta-schema, ``$ref``
+        loops, no instance: 10 ms a new schema, on the engine's step) and gives the same
+        options.
 
         Raises:
             OptionError: an option is invalid.
@@ -414,7 +425,7 @@ class Options(OptionQueries, BaseModel):
             return None
         try:
             try:
-                options = cls.model_validate(ours)
+                options = cls.model_validate(ours, context={"admitted": admitted})
             except ValidationError as exc:
                 raise _option_error(exc) from None
             _check_grammar_options(options)
@@ -543,6 +554,12 @@ def _check_token_ids(options: Options, logits_width: int) -> None:
                 "ngram_whitelist",
                 f"token id {token_id} is outside [0, {logits_width}) (the logits width)",
             )
+
+
+def _admitted(info: ValidationInfo) -> bool:
+    """Whether this parse is the engine's, of a request admission checked
+    (``Options.from_extra_args``)."""
+    return bool((info.context or {}).get("admitted", False))
 
 
 def _resolve_aliases(extra_args: Mapping[str, Any], ours: dict[str, Any]) -> dict[str, str]:

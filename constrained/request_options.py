@@ -206,9 +206,10 @@ def parse_extra_args(
     *,
     logits_width: int | None = None,
     others: frozenset[str] | None = None,
+    admitted: bool = False,
 ) -> Options | None:
     """Our options from ``extra_args`` / ``vllm_xargs``; ``None`` when none is active.
-    ``others``: as ``refuse_unknown_keys``.
+    ``others``: as ``refuse_unknown_keys``; ``admitted``: as ``Options.from_extra_args``.
 
     Raises:
         OptionError: a key is unknown (with a did-you-mean hint), or an option is invalid.
@@ -216,7 +217,7 @@ def parse_extra_args(
     if not extra_args:
         return None
     refuse_unknown_keys(extra_args, others)
-    return Options.from_extra_args(extra_args, logits_width=logits_width)
+    return Options.from_extra_args(extra_args, logits_width=logits_width, admitted=admitted)
 
 
 # vLLM's own SamplingParams fields with the same meaning as ours: setting both would apply twice.
@@ -230,10 +231,14 @@ _BUILTIN_TWINS: dict[str, tuple[str, Any]] = {
 
 
 def options_from_params(
-    params: Any, *, logits_width: int | None = None, others: frozenset[str] | None = None
+    params: Any,
+    *,
+    logits_width: int | None = None,
+    others: frozenset[str] | None = None,
+    admitted: bool = False,
 ) -> Options | None:
     """Parse and check a request's ``SamplingParams``: our options, refusing double application.
-    ``others``: as ``refuse_unknown_keys``.
+    ``others``: as ``refuse_unknown_keys``; ``admitted``: as ``Options.from_extra_args``.
 
     Parses every time; admission (``validate_at_admission``) and the engine
     (``options_for_engine``) remember the outcome per request.
@@ -242,7 +247,10 @@ def options_from_params(
         OptionError: invalid or unknown option, or an option also set as vLLM's built-in twin.
     """
     options = parse_extra_args(
-        getattr(params, "extra_args", None), logits_width=logits_width, others=others
+        getattr(params, "extra_args", None),
+        logits_width=logits_width,
+        others=others,
+        admitted=admitted,
     )
     if options is None:
         return None
@@ -318,7 +326,8 @@ _engine_parses = RecentByIdentity(MEMO_SIZE)
 
 
 def options_for_engine(params: Any, logits_width: int) -> Options | None:
-    """The engine-side parse of a request admission already checked.
+    """The engine-side parse of a request admission already checked (its schema's refusing
+    checks are admission's: ``Options.from_extra_args``' ``admitted``).
 
     The engine adds a request to each registered processor in turn, with the same params
     object (its own copy: vLLM clones the caller's after admission), so the parse is
@@ -334,7 +343,7 @@ def options_for_engine(params: Any, logits_width: int) -> Options | None:
         result = hit[1]
     else:
         try:
-            result = options_from_params(params, logits_width=logits_width)
+            result = options_from_params(params, logits_width=logits_width, admitted=True)
         except OptionError as exc:
             result = copy_error(exc)
         _engine_parses.put(params, (logits_width, result))

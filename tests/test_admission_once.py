@@ -10,6 +10,8 @@ engine is started.
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
@@ -309,3 +311,47 @@ def test_memo_is_bounded_and_by_identity():
     assert (memo.get(a), memo.get(b), memo.get(c)) == ("a", None, "c")
     memo.discard(a)
     assert memo.get(a) is None
+
+
+MASKBENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
+
+
+def test_the_engine_does_not_check_an_admitted_schema_again(monkeypatch):
+    """Admission checks a schema (meta-schema, ``$ref`` loops, no instance) and refuses it
+    there; the engine's parse of the admitted request gives the same options without
+    checking again (10 ms a new schema on the engine's step), for a ``json_schema`` and for
+    the schemas inside a ``structural_tag``, over a sample of MaskBench."""
+    from constrained.schema import user_input
+
+    checked = []
+    real = user_input._check_meta_schema
+    monkeypatch.setattr(user_input, "_check_meta_schema", lambda v: checked.append(1) or real(v))
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool_call>"],
+            "tags": [
+                {
+                    "begin": "<tool_call>",
+                    "content": {"type": "json_schema", "json_schema": {"type": "integer"}},
+                    "end": "</tool_call>",
+                }
+            ],
+        },
+    }
+    files = sorted(MASKBENCH.glob("*.json"))[::97][:30]
+    assert len(files) == 30
+    requests = [{"json_schema": f.read_text()} for f in files] + [{"structural_tag": tag}]
+    for extra in requests:
+        user_input._checked.cache_clear()
+        params = SamplingParams(extra_args=extra)
+        try:
+            admitted = request_options.options_from_params(params, logits_width=512)
+        except OptionError:
+            continue  # refused at admission: the engine never sees it
+        before = len(checked)
+        assert before > 0
+        user_input._checked.cache_clear()
+        assert request_options.options_for_engine(params, 512) == admitted
+        assert len(checked) == before  # no check in the engine

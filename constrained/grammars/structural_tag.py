@@ -95,9 +95,10 @@ def parse_structural_tag(value: Any) -> dict[str, Any]:
     return parsed
 
 
-def checked_structural_tag(value: Any) -> str:
+def checked_structural_tag(value: Any, check: bool = True) -> str:
     """``value`` parsed (``parse_structural_tag``), every schema inside checked as a
-    ``json_schema`` is (``schema_input``), as canonical JSON text.
+    ``json_schema`` is (``schema_text``; not when ``check`` is false: checked before), as
+    canonical JSON text.
 
     Raises:
         ValueError: what is wrong, and where.
@@ -106,14 +107,15 @@ def checked_structural_tag(value: Any) -> str:
 
     tag = parse_structural_tag(value)
 
-    def check(schema: Any, where: str, node: dict[str, Any]) -> dict[str, Any]:
+    def check_schema(schema: Any, where: str, node: dict[str, Any]) -> dict[str, Any]:
         try:
             schema_text(schema)
         except ValueError as exc:
             raise ValueError(f"the schema at {where}: {exc}") from None
         return node
 
-    map_schemas(tag, check)
+    if check:
+        map_schemas(tag, check_schema)
     return json.dumps(tag, ensure_ascii=False)  # key order kept: properties come in it
 
 
