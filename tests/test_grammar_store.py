@@ -239,3 +239,20 @@ def test_without_a_store_each_process_compiles(vocab):
     first.submit(SPECS[0]).result()
     second.submit(SPECS[0]).result()
     assert (first.compiled, second.compiled, second.loaded) == (1, 1, 0)
+
+
+def test_a_save_scans_the_store_only_when_it_may_pass_its_bound(tmp_path, monkeypatch):
+    """A prune lists every stored file; a process keeps count of what it saved since its
+    last prune, and prunes when that may pass the bound (or an eighth of it was written,
+    for other processes' files), not after every save."""
+    store = GrammarStore(tmp_path, max_bytes=1_000_000)
+    scans = []
+    real = store.entries
+    monkeypatch.setattr(store, "entries", lambda: scans.append(1) or real())
+    for i in range(100):  # 100 x 1 kB: under an eighth of the bound in all
+        assert store.save(store_key("small", str(i)), "llguidance", b"s" * 1000)
+    assert len(scans) == 1  # the first save's: what was stored before is not known
+    for i in range(10):  # 10 x 200 kB: past the bound, and an eighth each
+        assert store.save(store_key("large", str(i)), "llguidance", b"l" * 200_000)
+        assert sum(e.stat().st_size for e in real()) <= 1_000_000
+    assert len(scans) == 11
