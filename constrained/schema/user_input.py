@@ -84,11 +84,12 @@ def _check_depth(value: Any) -> None:
 
 
 def _check_meta_schema(value: Any) -> None:
-    from jsonschema import exceptions, validators
+    from jsonschema import exceptions
 
-    validator = validators.validator_for(value, default=validators.Draft202012Validator)
+    from constrained.schema import meta_schema
+
     try:
-        validator.check_schema(value)
+        meta_schema.check(value)
     except exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ValueError(f"not a valid JSON schema at {where}: {exc.message:.200}") from None
