@@ -184,3 +184,52 @@ def test_token_reach_equals_the_piece_by_piece_reach(vocab: Vocab) -> None:
         pairs = list(zip(low.tolist(), bracket.tolist(), strict=True))
         assert pairs == expected[f"escaped{escape}"]
     assert sum(expected["scalar_start"]) > 100 and sum(expected["bare"]) > 1000
+
+
+def reference_token_finish(vocab: Vocab) -> dict[int, tuple[int, ...]]:
+    """``token_finish`` of every token, each piece read on its own (the build before the
+    arrays chose which to read)."""
+    from constrained.grammars.token_shapes import _by_bytes, _decodes, open_bytes
+
+    by_bytes, pieces = _by_bytes(vocab), vocab.token_bytes()
+    quote, low = by_bytes.get(b'"'), by_bytes.get(b"\x80")
+    tails: dict[int, list[int]] = {}
+    for tok, piece in enumerate(pieces):
+        if 1 < len(piece) < 4 and all(b & 0xC0 == 0x80 for b in piece):
+            tails.setdefault(len(piece), []).append(tok)
+    finish: dict[int, tuple[int, ...]] = {}
+    for tok, piece in enumerate(pieces):
+        owed = open_bytes(piece) if piece else 0
+        if not owed:
+            if (len(piece) - len(piece.rstrip(b"\\"))) % 2 and quote is not None:
+                finish[tok] = (quote,)
+            continue
+        lead = piece[len(piece) - next(b for b in range(1, 5) if piece[-b] & 0xC0 != 0x80) :]
+        whole = next((t for t in tails.get(owed, ()) if _decodes(lead + pieces[t])), None)
+        if whole is not None:
+            finish[tok] = (whole,)
+            continue
+        if owed == 3 and low is not None:
+            pairs = (t for t in tails.get(2, ()) if _decodes(lead + pieces[t] + b"\x80"))
+            two = next(pairs, None)
+            if two is not None:
+                finish[tok] = (two, low)
+                continue
+        for first in (0x80, 0x90, 0xA0):
+            more = bytes([first] + [0x80] * (owed - 1))
+            if _decodes(lead + more):
+                ids = [by_bytes.get(bytes([b])) for b in more]
+                if all(i is not None for i in ids):
+                    finish[tok] = tuple(ids)
+                break
+    return finish
+
+
+def test_token_finish_equals_the_piece_by_piece_build(vocab: Vocab) -> None:
+    from constrained.grammars.token_shapes import token_finish
+
+    expected = reference_token_finish(vocab)
+    assert len(expected) > 500  # (half characters and backslashes: Qwen has many)
+    assert {t: token_finish(vocab, t) for t in range(vocab.width) if token_finish(vocab, t)} == (
+        expected
+    )

@@ -239,14 +239,16 @@ def token_finish(vocab: Vocab, token: int) -> tuple[int, ...]:
         by_bytes = _by_bytes(vocab)
         quote = by_bytes.get(b'"')
         finish: dict[int, tuple[int, ...]] = {}
-        pieces = vocab.token_bytes()
+        pieces, arrays = vocab.token_bytes(), piece_arrays(vocab)
         low = by_bytes.get(b"\x80")
         tails: dict[int, list[int]] = {}  # tokens of 2 or 3 continuation bytes, by length
-        for tok, piece in enumerate(pieces):
-            if 1 < len(piece) < 4 and all(b & 0xC0 == 0x80 for b in piece):
-                tails.setdefault(len(piece), []).append(tok)
-        for tok, piece in enumerate(pieces):
-            owed = open_bytes(piece) if piece else 0
+        short = (arrays.lengths > 1) & (arrays.lengths < 4)
+        for tok in np.flatnonzero(short & arrays.all_in(_CONTINUATION)).tolist():
+            tails.setdefault(len(pieces[tok]), []).append(tok)
+        # Only a piece that ends inside a character or with a backslash leaves anything.
+        owes = arrays.open_bytes()
+        for tok in np.flatnonzero((owes > 0) | (arrays.byte_at(-1) == 0x5C)).tolist():
+            piece, owed = pieces[tok], int(owes[tok])
             if not owed:
                 slashes = len(piece) - len(piece.rstrip(b"\\"))
                 if slashes % 2 and quote is not None:
