@@ -256,3 +256,40 @@ def test_a_save_scans_the_store_only_when_it_may_pass_its_bound(tmp_path, monkey
         assert store.save(store_key("large", str(i)), "llguidance", b"l" * 200_000)
         assert sum(e.stat().st_size for e in real()) <= 1_000_000
     assert len(scans) == 11
+
+
+def test_closing_tables_walked_once_are_read_by_the_other_process(vocab, tmp_path, monkeypatch):
+    """Admission walks a grammar's root witness (its budget check), a worker its rise; each
+    is kept beside the compiled grammar, and the other process reads it instead of walking
+    (the same walk gives the same result). A kept table that does not read as one is
+    walked again."""
+    from constrained.grammars import closing_tables
+
+    walks = []
+    real = closing_tables.find_witness
+    monkeypatch.setattr(
+        closing_tables, "find_witness", lambda *a, **k: walks.append(1) or real(*a, **k)
+    )
+    store = GrammarStore(tmp_path, max_bytes=64 << 20)
+    spec = GrammarSpec("json_schema", SCHEMA, backend="llguidance")
+    grammars = []  # (the tables hold their grammar weakly)
+
+    def tables_in_a_new_process():
+        grammars.append(GrammarCompiler(vocab, store=store).compile(spec))
+        return closing_tables.tables_of(grammars[-1])
+
+    front = tables_in_a_new_process()
+    witness = front.root_witness(vocab)
+    assert witness and len(walks) == 1
+    engine = tables_in_a_new_process()
+    assert engine.root_witness(vocab) == witness and len(walks) == 1  # read, not walked
+    rise = engine.rise(vocab)
+    walked = len(walks)
+    third = tables_in_a_new_process()
+    assert (third.root_witness(vocab), third.rise(vocab)) == (witness, rise)
+    assert len(walks) == walked
+    # A damaged or foreign entry: walked again, to the same result.
+    key = third.kept[1]
+    store.save(store_key(key, "root_witness"), "closing", b'{"not": "a witness"}')
+    fourth = tables_in_a_new_process()
+    assert fourth.root_witness(vocab) == witness and len(walks) == walked + 1

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from constrained.grammars.closing import (
 from constrained.grammars.closing_row_sort import EXACT_MAX
 from constrained.grammars.closing_sorts import new_store
 from constrained.grammars.matcher import words_for
+from constrained.grammars.store import GrammarStore, store_key
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +43,7 @@ RISE_PROBE_MASKS = 512  # masks a grammar's rise probe may walk (``rise``, once 
 RISE_WALK_TOKENS = 96  # ... and one walk of it
 MAX_RISE = 1 + RISE_WALK_TOKENS  # the most a rise can be (a walk of at most that many tokens)
 _UNKNOWN: Any = object()
+_KEPT = "closing"  # the store's backend field of a kept table
 
 
 class ClosingTables:
@@ -58,6 +61,12 @@ class ClosingTables:
         self._root: list[int] | None = _UNKNOWN
         self._rise: int | None = None
         self.sorts: OrderedDict | None = None if grammar.history else new_store(grammar)
+        # Where the root witness and the rise are kept for other processes: the compiled
+        # grammar's store and key (``GrammarCompiler`` sets it). Each is walked by the first
+        # process that needs it (admission walks the root witness for its budget check; an
+        # engine worker reads it instead of walking it again); the same walk, the same
+        # result, in any process with this code, tokenizer and spec.
+        self.kept: tuple[GrammarStore, str] | None = None
 
     def _matcher(self) -> Any:
         return self._grammar().matcher()
@@ -67,7 +76,11 @@ class ClosingTables:
         ``ROOT_WITNESS_TOKENS``), walked once: admission checks a budget against it, and
         each request's closing layer starts from it."""
         if self._root is _UNKNOWN:
-            self._root = find_witness(self._matcher(), vocab, ROOT_WITNESS_TOKENS, scratch)
+            root = self._load("root_witness")
+            if root is _UNKNOWN:
+                root = find_witness(self._matcher(), vocab, ROOT_WITNESS_TOKENS, scratch)
+                self._save("root_witness", root)
+            self._root = root
         return self._root
 
     def rise(self, vocab: Vocab, scratch: torch.Tensor | None = None) -> int:
@@ -83,9 +96,36 @@ class ClosingTables:
         cannot finish. Bounded by ``RISE_PROBE_MASKS`` masks; a walk that finds nothing in
         ``RISE_WALK_TOKENS`` adds nothing (``grow`` still adapts to rises seen later)."""
         if self._rise is None:
-            witness = self.root_witness(vocab, scratch)
-            self._rise = self._walk_rise(witness, vocab, scratch) if witness else 0
+            rise = self._load("rise")
+            if rise is _UNKNOWN:
+                witness = self.root_witness(vocab, scratch)
+                rise = self._walk_rise(witness, vocab, scratch) if witness else 0
+                self._save("rise", rise)
+            self._rise = rise
         return self._rise
+
+    def _load(self, name: str) -> Any:
+        """A table another process kept (``kept``), or ``_UNKNOWN``."""
+        if self.kept is None:
+            return _UNKNOWN
+        store, key = self.kept
+        found = store.load(store_key(key, name))
+        if found is None or found[0] != _KEPT:
+            return _UNKNOWN
+        try:
+            value = json.loads(found[1])
+        except ValueError:
+            return _UNKNOWN
+        if name == "rise":
+            return value if type(value) is int else _UNKNOWN
+        if value is None or (type(value) is list and all(type(t) is int for t in value)):
+            return value
+        return _UNKNOWN
+
+    def _save(self, name: str, value: Any) -> None:
+        if self.kept is not None:
+            store, key = self.kept
+            store.save(store_key(key, name), _KEPT, json.dumps(value).encode())
 
     def _walk_rise(self, witness: list[int], vocab: Vocab, scratch: torch.Tensor | None) -> int:
         if scratch is None:

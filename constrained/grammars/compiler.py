@@ -33,6 +33,7 @@ from constrained.grammars.auto import compile_auto, compile_with
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.cache import CompileCache
 from constrained.grammars.checked_matcher import unwrapped, with_checks
+from constrained.grammars.closing_tables import tables_of
 from constrained.grammars.registry import AUTO, BACKENDS, get_backend
 from constrained.grammars.size_guard import refuse_huge_regexes
 from constrained.grammars.spec import GrammarSpec
@@ -127,24 +128,31 @@ class GrammarCompiler:
             self._count(loaded=False)
             return compiled
         key = store_key(code_fingerprint(), self.vocab.fingerprint(), repr(spec))
-        found = self.store.load(key)
-        if found is not None:
-            name, payload = found
-            try:
-                grammar = get_backend(name).load(payload, self.vocab)
-                grammar = with_checks(_as_compiled(spec), grammar, self.vocab)
-            except Exception as exc:  # unreadable for this backend: compile it again
-                logger.warning("constrained: a stored %s grammar did not load (%s)", name, exc)
-            else:
-                self._count(loaded=True)
-                return grammar
-        start = time.perf_counter()
-        compiled = compile_now(spec, self.vocab)
-        self._count(loaded=False)
-        backend = get_backend(compiled.backend)
-        if time.perf_counter() - start >= backend.store_after_s:
-            self.store.save(key, backend.name, backend.dump(unwrapped(compiled)))
-        return compiled
+        grammar = self._load(spec, key, self.store)
+        if grammar is None:
+            start = time.perf_counter()
+            grammar = compile_now(spec, self.vocab)
+            self._count(loaded=False)
+            backend = get_backend(grammar.backend)
+            if time.perf_counter() - start >= backend.store_after_s:
+                self.store.save(key, backend.name, backend.dump(unwrapped(grammar)))
+        tables_of(grammar).kept = (self.store, key)  # closing's tables, kept beside it
+        return grammar
+
+    def _load(self, spec: GrammarSpec, key: str, store: GrammarStore) -> Any:
+        """The grammar stored under ``key``, or ``None``."""
+        found = store.load(key)
+        if found is None:
+            return None
+        name, payload = found
+        try:
+            grammar = get_backend(name).load(payload, self.vocab)
+            grammar = with_checks(_as_compiled(spec), grammar, self.vocab)
+        except Exception as exc:  # unreadable for this backend: compile it again
+            logger.warning("constrained: a stored %s grammar did not load (%s)", name, exc)
+            return None
+        self._count(loaded=True)
+        return grammar
 
     def _count(self, loaded: bool) -> None:
         with self._counts_lock:
