@@ -76,11 +76,11 @@ class ClosingTables:
         ``ROOT_WITNESS_TOKENS``), walked once: admission checks a budget against it, and
         each request's closing layer starts from it."""
         if self._root is _UNKNOWN:
-            root = self._load("root_witness")
-            if root is _UNKNOWN:
-                root = find_witness(self._matcher(), vocab, ROOT_WITNESS_TOKENS, scratch)
-                self._save("root_witness", root)
-            self._root = root
+            self._root = self._kept_or_walked(
+                "root_witness",
+                lambda: find_witness(self._matcher(), vocab, ROOT_WITNESS_TOKENS, scratch),
+                lambda v: v is None or (type(v) is list and all(type(t) is int for t in v)),
+            )
         return self._root
 
     def rise(self, vocab: Vocab, scratch: torch.Tensor | None = None) -> int:
@@ -96,36 +96,31 @@ class ClosingTables:
         cannot finish. Bounded by ``RISE_PROBE_MASKS`` masks; a walk that finds nothing in
         ``RISE_WALK_TOKENS`` adds nothing (``grow`` still adapts to rises seen later)."""
         if self._rise is None:
-            rise = self._load("rise")
-            if rise is _UNKNOWN:
+
+            def walk() -> int:
                 witness = self.root_witness(vocab, scratch)
-                rise = self._walk_rise(witness, vocab, scratch) if witness else 0
-                self._save("rise", rise)
-            self._rise = rise
+                return self._walk_rise(witness, vocab, scratch) if witness else 0
+
+            self._rise = self._kept_or_walked("rise", walk, lambda v: type(v) is int)
         return self._rise
 
-    def _load(self, name: str) -> Any:
-        """A table another process kept (``kept``), or ``_UNKNOWN``."""
+    def _kept_or_walked(self, name: str, walk: Any, valid: Any) -> Any:
+        """The table ``name`` as another process kept it (``kept``), if it reads as one
+        (``valid``); else walked here, and kept."""
         if self.kept is None:
-            return _UNKNOWN
+            return walk()
         store, key = self.kept
         found = store.load(store_key(key, name))
-        if found is None or found[0] != _KEPT:
-            return _UNKNOWN
-        try:
-            value = json.loads(found[1])
-        except ValueError:
-            return _UNKNOWN
-        if name == "rise":
-            return value if type(value) is int else _UNKNOWN
-        if value is None or (type(value) is list and all(type(t) is int for t in value)):
-            return value
-        return _UNKNOWN
-
-    def _save(self, name: str, value: Any) -> None:
-        if self.kept is not None:
-            store, key = self.kept
-            store.save(store_key(key, name), _KEPT, json.dumps(value).encode())
+        if found is not None and found[0] == _KEPT:
+            try:
+                value = json.loads(found[1])
+            except ValueError:
+                value = _UNKNOWN
+            if value is not _UNKNOWN and valid(value):
+                return value
+        value = walk()
+        store.save(store_key(key, name), _KEPT, json.dumps(value).encode())
+        return value
 
     def _walk_rise(self, witness: list[int], vocab: Vocab, scratch: torch.Tensor | None) -> int:
         if scratch is None:
