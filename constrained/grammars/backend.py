@@ -31,6 +31,9 @@ class CompiledGrammar(Protocol):
     #: What closing keeps of the grammar (root witness, rise, shared sorts), set on first
     #: use by ``closing_tables.tables_of``.
     closing_tables: Any
+    #: The store and key it is kept under (``GrammarCompiler``), where closing keeps its
+    #: tables for other processes; absent for a grammar compiled without a store.
+    stored_as: Any
 
     def matcher(self) -> Matcher: ...
 

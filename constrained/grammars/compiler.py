@@ -33,7 +33,6 @@ from constrained.grammars.auto import compile_auto, compile_with
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.cache import CompileCache
 from constrained.grammars.checked_matcher import unwrapped, with_checks
-from constrained.grammars.closing_tables import tables_of
 from constrained.grammars.registry import AUTO, BACKENDS, get_backend
 from constrained.grammars.size_guard import refuse_huge_regexes
 from constrained.grammars.spec import GrammarSpec
@@ -136,7 +135,7 @@ class GrammarCompiler:
             backend = get_backend(grammar.backend)
             if time.perf_counter() - start >= backend.store_after_s:
                 self.store.save(key, backend.name, backend.dump(unwrapped(grammar)))
-        tables_of(grammar).kept = (self.store, key)  # closing's tables, kept beside it
+        grammar.stored_as = (self.store, key)  # closing keeps its tables beside it
         return grammar
 
     def _load(self, spec: GrammarSpec, key: str, store: GrammarStore) -> Any:
