@@ -61,12 +61,15 @@ class ClosingTables:
         self._root: list[int] | None = _UNKNOWN
         self._rise: int | None = None
         self.sorts: OrderedDict | None = None if grammar.history else new_store(grammar)
-        # Where the root witness and the rise are kept for other processes: beside the
-        # compiled grammar in its store (``stored_as``, set by ``GrammarCompiler``). Each is
-        # walked by the first process that needs it (admission walks the root witness for
-        # its budget check; an engine worker reads it instead of walking it again); the
-        # same walk, the same result, in any process with this code, tokenizer and spec.
-        self.kept: tuple[GrammarStore, str] | None = getattr(grammar, "stored_as", None)
+
+    @property
+    def kept(self) -> tuple[GrammarStore, str] | None:
+        """Where the root witness and the rise are kept for other processes: beside the
+        compiled grammar in its store (its ``stored_as``, set by ``GrammarCompiler``). Each
+        is walked by the first process that needs it (admission walks the root witness for
+        its budget check; an engine worker reads it instead of walking it again); the same
+        walk, the same result, in any process with this code, tokenizer and spec."""
+        return getattr(self._grammar(), "stored_as", None)
 
     def _matcher(self) -> Any:
         return self._grammar().matcher()
