@@ -10,7 +10,7 @@ parts). Steps, each with what is left of the time budget:
 (b) every processor's rows on cuda against the same inputs on the CPU (the kit's
     ``cuda_vs_cpu.py``, V1 interface);
 (c) the per-step bench through vLLM's real V2 sampler: ours, vLLM's built-ins, the floor (the
-    kit's ``bench.py``);
+    kit's ``bench.py``, with XTC, no-repeat-ngram and xgrammar added by ``gpu_bench.py``);
 (d) the torch profiler over the same steps: kernels per step and device time per kernel
     (``benchmarks/gpu_profile.py``).
 
@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
         extra = ["--vocabs", "151936", "--only", "pen_bias_minp,vllm_builtin_pen_bias_minp"]
         if not args.dry_run:
             extra = ["--only", args.bench_only] if args.bench_only else []
-        run.kit_script("c_bench", "bench.py",
+        run.kit_script("c_bench", "benchmarks/gpu_bench.py",
                        ["--json", str(args.out / "gpu_results.json"), *extra],
                        args.bench_timeout)  # fmt: skip
     if "d" not in skip:

@@ -21,9 +21,12 @@ import bench  # the kit's bench.py (on sys.path: gpu_check puts the kit there)
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import gpu_bench  # noqa: F401  (adds XTC, no-repeat-ngram, xgrammar to bench)
+
 STEPS = 5
 CONFIGS = ("none", "pen_bias_minp", "vllm_builtin_pen_bias_minp", "typical_p", "top_n_sigma",
-           "dry", "json_schema_llguidance", "json_noclose")  # fmt: skip
+           "dry", "xtc", "no_repeat_ngram", "json_schema_llguidance", "json_noclose",
+           "json_schema_xgrammar")  # fmt: skip
 
 
 def profiled(table: dict, name: str):
