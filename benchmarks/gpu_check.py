@@ -23,12 +23,17 @@ Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (the table). ``--dry-run`
 ``GPU_DRYRUN=1``): device cpu, Triton's interpreter, the installed vLLM; proves the chain.
 
     python -m benchmarks.gpu_check [--dry-run] [--out DIR] [--kit DIR] [--budget 345]
-                                   [--skip a,b,c,d]
+                                   [--skip a,b,c,d] [--heartbeat 30]
+
+On a lent machine: the kit copied into the checkout as ``gpu-kit/`` (listed in
+``.git/info/exclude``) and carried, ``GPU_KIT=$PWD/gpu-kit``, and ``--out`` packed into one
+archive under ``$OUT`` (the device returns a few files, not a folder of logs).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import re
@@ -66,6 +71,10 @@ def child(args: argparse.Namespace) -> int:
     import cuda_harness
 
     if args.scenario:
+        # A scenario prints nothing until it ends: every ``--heartbeat`` seconds its threads'
+        # stacks go to the log, so one that times out shows where its time went.
+        if args.heartbeat > 0:
+            faulthandler.dump_traceback_later(args.heartbeat, repeat=True)
         cuda_harness.load_harness()
         from tests.v2_real import scenarios
 
@@ -101,16 +110,18 @@ class Run:
     def left(self) -> float:
         return self.args.budget - (time.monotonic() - self.t0)
 
-    def sub(self, argv: list[str], timeout: float, log: Path) -> tuple[int, str]:
+    def sub(self, argv: list[str], timeout: float, log: Path, threads: int = 0) -> tuple[int, str]:
         """Run a child, its output streamed to ``log`` (so a timed-out child leaves its
-        progress behind), and return its exit status and output."""
+        progress behind), and return its exit status and output. ``threads``: its torch
+        threads (0: torch's default), set before it imports torch."""
         cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+        env = {**self.env, "OMP_NUM_THREADS": str(threads)} if threads else self.env
         if self.args.dry_run:
             cmd.insert(2, "--dry-run")
         with log.open("w") as out:
             try:
                 limit = max(5.0, timeout)
-                proc = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=out,
+                proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out,
                                       stderr=subprocess.STDOUT, timeout=limit)  # fmt: skip
                 rc = proc.returncode
             except subprocess.TimeoutExpired:
@@ -143,16 +154,18 @@ class Run:
 
     def scenarios(self) -> None:
         sys.path.insert(0, str(ROOT))
-        from tests.test_v2_real_sampler import MINIMUMS
+        from tests.test_v2_real_sampler import LONGEST_FIRST, MINIMUMS
 
-        names = [n for n in MINIMUMS if not self.args.only or n in self.args.only.split(",")]
+        only = self.args.only.split(",") if self.args.only else LONGEST_FIRST
+        names = [n for n in LONGEST_FIRST if n in only]
         share = self.args.scenario_timeout
 
         def one(name: str) -> dict:
             if self.left() < 20:
                 return {"name": name, "status": "skipped: budget spent"}
             t = time.monotonic()
-            rc, text = self.sub(["--scenario", name], min(share, self.left() - 10),
+            argv = ["--scenario", name, "--heartbeat", str(self.args.heartbeat)]
+            rc, text = self.sub(argv, min(share, self.left() - 10),
                                 self.args.out / f"a_{name}.log")  # fmt: skip
             counts = None
             for line in text.splitlines():
@@ -161,22 +174,33 @@ class Run:
             short = {k: v for k, v in MINIMUMS[name].items() if (counts or {}).get(k, 0) < v}
             ok = rc == 0 and counts is not None and not short
             err = "" if ok else (text.strip().splitlines() or ["?"])[-1][:300]
+            last_dump = (
+                text.rsplit("Timeout (", 1)[1].splitlines()[:16]
+                if rc == 124 and "Timeout (" in text
+                else []
+            )
             return {"name": name, "status": "PASS" if ok else "FAIL", "rc": rc, "error": err,
-                    "below_minimum": short, "seconds": round(time.monotonic() - t, 1)}  # fmt: skip
+                    "below_minimum": short, "seconds": round(time.monotonic() - t, 1),
+                    "last_stacks": last_dump}  # fmt: skip
 
         with ThreadPoolExecutor(self.args.jobs) as pool:
             results = list(pool.map(one, names))
         for r in results:
             print(f"[a] {r['status']:5s} {r['name']} {r.get('error', '')}", flush=True)
+            for line in r.get("last_stacks", []):
+                print(f"[a]     {line}", flush=True)
         self.steps["a_v2_scenarios"] = {"results": results}
 
-    def kit_script(self, key: str, script: str, argv: list[str], limit: float) -> None:
+    def kit_script(
+        self, key: str, script: str, argv: list[str], limit: float, threads: int = 0
+    ) -> None:
         if self.left() < 20:
             self.steps[key] = {"status": "skipped: budget spent"}
             return
         t = time.monotonic()
         rc, text = self.sub(["--kit-script", script, "--", *argv],
-                            min(limit, self.left() - 5), self.args.out / f"{key}.log")  # fmt: skip
+                            min(limit, self.left() - 5), self.args.out / f"{key}.log",
+                            threads)  # fmt: skip
         tail = [ln for ln in text.splitlines() if not re.search(r"WARNING|^\s*$", ln)][-40:]
         print("\n".join(f"[{key[0]}] {ln}" for ln in tail), flush=True)
         self.steps[key] = {"rc": rc, "seconds": round(time.monotonic() - t, 1), "tail": tail}
@@ -215,6 +239,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--bench-timeout", type=float, default=150.0)
     p.add_argument("--bench-only", default="", help="bench configurations (default: all)")
     p.add_argument("--rows-timeout", type=float, default=180.0)
+    p.add_argument("--heartbeat", type=float, default=30.0,
+                   help="seconds between a scenario's stack dumps (0: none)")  # fmt: skip
     p.add_argument("--scenario", default="")
     p.add_argument("--kit-script", default="")
     p.add_argument("rest", nargs="*")
@@ -238,12 +264,14 @@ def main(argv: list[str]) -> int:
         run.kit_script("d_profile", "benchmarks/gpu_profile.py",
                        ["--json", str(args.out / "gpu_profile.json"),
                         *(extra if args.dry_run else [])], 90)  # fmt: skip
+    # (b) shares the cores with (a)'s scenarios, one torch thread each (the V2 harness).
+    rows_threads = max(1, (os.cpu_count() or 1) - args.jobs)
     with ThreadPoolExecutor(1) as side:
         rows = None
         if "b" not in skip:
             rows = side.submit(run.kit_script, "b_cuda_vs_cpu", "cuda_vs_cpu.py",
                                ["--json", str(args.out / "cuda_vs_cpu.json")],
-                               args.rows_timeout)  # fmt: skip
+                               args.rows_timeout, rows_threads)  # fmt: skip
         if "a" not in skip:
             run.scenarios()
         if rows is not None:

