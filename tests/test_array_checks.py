@@ -184,7 +184,7 @@ SPELLINGS = [
     (ANYTHING, "[0.5,5e-2]", True),
     (ANYTHING, '[{"a":1},{"a":1.0}]', False),
     (NUMBERS, "[0.1,0.10000000000000001]", False),  # one float, as jsonschema reads them
-    (NUMBERS, "[1e400,2e400]", False),
+    (NUMBERS, "[1e308,10e307]", False),  # (1e400 is never written: test_finite_numbers)
     (NUMBERS, "[0,1e-400]", False),
     (ANYTHING, '[{"a":1,"b":[2]},{"b":[2.0],"a":1}]', False),
     (ANYTHING, r'["\\n","\n"]', True),

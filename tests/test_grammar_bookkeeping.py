@@ -154,7 +154,7 @@ def test_xgrammar_batched_fill_writes_each_rows_own_mask(vocab, monkeypatch, thr
         assert matcher.consume(tokens[:n])
         matchers.append(matcher)
     ended = grammar.matcher()
-    assert ended.consume([*tokens, vocab.eos_token_id]) and ended.inner.is_terminated()
+    assert ended.consume([*tokens, vocab.eos_token_id]) and ended.bottom.inner.is_terminated()
     failed = grammar.matcher()
     assert not failed.consume(vocab.hf_tokenizer.encode("[", add_special_tokens=False))
     matchers += [ended, failed]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 
@@ -359,3 +360,17 @@ def test_a_compile_over_the_time_limit_is_refused(llm, monkeypatch):
     # Without the limit the same schema is served.
     for out in generate(llm, 2, max_tokens=64, json_schema=fresh):
         assert out.text.startswith('{"k')
+
+
+def test_numbers_stay_doubles_when_the_model_pushes_exponents(llm):
+    """Pulled toward ``1``, ``e`` and ``9``, a model would write ``1e999``, which parsers read
+    as infinity (and vLLM's tool parsers write back as ``Infinity``, not JSON): every number
+    written stays finite, and the output still ends with ``stop``."""
+    tokenizer = llm.get_tokenizer()
+    bias = {str(tokenizer.encode(t, add_special_tokens=False)[0]): 12.0 for t in "1e9"}
+    schema = {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 6}
+    outs = generate(llm, 4, max_tokens=96, json_schema=schema, logit_bias=bias)
+    assert_all_valid_json(outs, schema)
+    for out in outs:
+        assert all(math.isfinite(x) for x in json.loads(out.text)), out.text
+    assert any(re.search(r"\de\+?9", out.text) for out in outs)  # the rule was reached

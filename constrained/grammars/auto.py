@@ -14,6 +14,7 @@ import json
 from constrained.errors import GrammarError
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.checked_matcher import CheckedGrammar
+from constrained.grammars.finite_matcher import FiniteGrammar
 from constrained.grammars.registry import BACKENDS, get_backend
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
@@ -27,7 +28,7 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     A JSON schema the backend refuses as written is tried once more rewritten
     (``schema_rewrite``: the same instances, in keywords backends enforce). ``uniqueItems``
     and ``contains`` are taken out first and checked by the matcher (``array_checks``,
-    ``checked_matcher``).
+    ``checked_matcher``); numbers are kept finite (``finite_matcher``).
 
     Raises:
         GrammarError: the backend refuses the constraint, or it does not compile; the
@@ -41,7 +42,8 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
         source,
         lambda source: _compile_as_written(name, dataclasses.replace(spec, source=source), vocab),
     )
-    return compiled if planned is None else CheckedGrammar(compiled, planned[1], vocab)
+    finite = FiniteGrammar(compiled, vocab)
+    return finite if planned is None else CheckedGrammar(finite, planned[1], vocab)
 
 
 def _compile_as_written(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:

@@ -69,6 +69,7 @@ from constrained.grammars.checked_contains import ContainsSteering
 from constrained.grammars.checked_lookahead import TokenLookahead
 from constrained.grammars.checked_row import RowClearing
 from constrained.grammars.checked_text import FollowedText
+from constrained.grammars.finite_matcher import FiniteGrammar
 from constrained.grammars.matcher import Matcher, MatcherWrapper, fill_only
 from constrained.schema.array_checks import CheckPlan, plan_checks
 from constrained.schema.json_scan import Scan, TokenReach, token_reach
@@ -109,7 +110,9 @@ class CheckedGrammar:
 
 def unwrapped(grammar: Any) -> Any:
     """The backend's own grammar (what the store keeps)."""
-    return grammar.inner if isinstance(grammar, CheckedGrammar) else grammar
+    while isinstance(grammar, (CheckedGrammar, FiniteGrammar)):
+        grammar = grammar.inner
+    return grammar
 
 
 def with_checks(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
@@ -117,8 +120,9 @@ def with_checks(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
     ``auto.compile_with`` built it."""
     if spec.kind != "json_schema":
         return grammar
+    finite = FiniteGrammar(grammar, vocab)
     planned = plan_checks(spec.source, grammar.backend)
-    return grammar if planned is None else CheckedGrammar(grammar, planned[1], vocab)
+    return finite if planned is None else CheckedGrammar(finite, planned[1], vocab)
 
 
 class CheckedMatcher(MatcherWrapper):

@@ -1,0 +1,165 @@
+"""A JSON schema's matcher that never writes a number a double cannot hold (``1e999``).
+
+``FiniteGrammar`` wraps the backend's compiled grammar of every JSON schema (``auto``
+builds it; below the array checks, if any); each ``FiniteMatcher`` follows its request's
+numbers (``schema.finite_numbers``) and, after the backend fills a row, clears the tokens
+that would make the number being written read as infinite. The backends' JSON grammars
+allow any number of digits; the rule and why it leads to no dead end are in
+``finite_numbers``.
+
+Cost: one lookup per consumed token outside numbers and strings' ends, a few bytes
+followed otherwise; a row is checked token by token only inside a number long enough to
+come near a double's range (``may_break``), or when the row allows one of the vocabulary's
+rare tokens that could break the rule alone.
+
+Closing's tables stay shared between requests (``history`` is the grammar's below): this
+layer only clears tokens, before closing narrows, and a shortest completion never grows a
+number.
+
+Example::
+
+    grammar = FiniteGrammar(compiled, vocab)   # as auto.compile_with builds it
+    matcher = grammar.matcher()
+    matcher.consume(tokens)                    # ... '{"x": 1e99'
+    matcher.fill(bitmask, row)                 # the backend's row, less '9' (1e999)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
+from constrained.schema.finite_numbers import (
+    START,
+    NumberState,
+    NumberTokens,
+    advance,
+    may_break,
+    number_tokens,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from constrained.grammars.matcher import Matcher
+    from constrained.grammars.vocab import Vocab
+
+logger = logging.getLogger(__name__)
+BROKEN = "a number a double cannot hold (it would read as infinite)"
+
+
+def tokens_of(vocab: Vocab) -> NumberTokens:
+    """The vocabulary's ``NumberTokens``, built once."""
+    return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
+
+
+class FiniteGrammar:
+    """A backend's compiled JSON-schema grammar (``inner``) whose numbers stay finite."""
+
+    def __init__(self, inner: Any, vocab: Vocab) -> None:
+        self.inner = inner
+        self.vocab = vocab
+        self.backend = inner.backend
+        self.history = getattr(inner, "history", False)
+        tokens_of(vocab)  # built here, in a compile thread, not in the first mask fill
+
+    def matcher(self) -> FiniteMatcher:
+        return FiniteMatcher(self.inner.matcher(), self.vocab)
+
+
+class FiniteMatcher(MatcherWrapper):
+    """One request: the backend's matcher and where its JSON text's numbers stand."""
+
+    def __init__(self, inner: Matcher, vocab: Vocab) -> None:
+        super().__init__(inner)
+        self.tokens = tokens_of(vocab)
+        self.eos = vocab.eos_token_id
+        self.states: list[NumberState] = [START]  # the state after each consumed token
+
+    @property
+    def state(self) -> NumberState:
+        return self.states[-1]
+
+    def _kept(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, in order, keep every number finite from here; their states
+        are appended to ``states``."""
+        pieces, state = self.tokens.pieces, self.states[-1]
+        for taken, token in enumerate(tokens):
+            state, ok = advance(state, pieces[token]) if token < len(pieces) else (state, True)
+            if not ok:
+                return taken
+            self.states.append(state)
+        return len(tokens)
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        tokens = list(tokens)
+        if not self.inner.consume(tokens):
+            self.error = self.inner.error or "token refused"
+            return False
+        kept = self._kept(tokens)
+        if kept < len(tokens):
+            self.error = BROKEN
+            self.states.extend([self.states[-1]] * (len(tokens) - kept))  # one per token
+        return self.error is None
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        if self.error is not None:
+            return 0
+        taken = self.inner.try_consume(tokens)
+        kept = self._kept(list(tokens)[:taken])
+        if kept < taken:
+            self.inner.rollback(taken - kept)
+        return kept
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+        if num_tokens:
+            del self.states[-num_tokens:]
+
+    def completes(self, tokens: Sequence[int]) -> bool:
+        if self.error is not None:
+            return False
+        kept = self._kept(tokens)
+        del self.states[len(self.states) - kept :]
+        return kept == len(tokens) and self.inner.completes(tokens)
+
+    def accepted(self, tokens: Sequence[int]) -> int:
+        if self.error is not None:
+            return 0
+        kept = self._kept(tokens)
+        del self.states[len(self.states) - kept :]
+        return self.inner.accepted(list(tokens)[:kept]) if kept else 0
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.error is not None:
+            fill_only(bitmask, row, [self.eos])
+            return
+        self.inner.fill(bitmask, row)
+        self._narrow_own(bitmask, row)
+
+    def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
+        """Clear the tokens after which the number being written would read as infinite."""
+        if self.error is not None:
+            fill_only(bitmask, row, [self.eos])
+            return
+        state, tokens = self.states[-1], self.tokens
+        check = list(tokens.risky)
+        if may_break(state, tokens.most_digits):
+            words = bitmask[row].numpy().view(np.uint32)
+            width = len(tokens.continues)
+            check += row_ids(words[:width] & tokens.continues).tolist()
+        if not check:
+            return
+        words = bitmask[row].numpy().view(np.uint32)
+        before = words.copy()
+        for token in check:
+            bit = np.uint32(1 << (token % 32))
+            if words[token // 32] & bit and not advance(state, tokens.pieces[token])[1]:
+                words[token // 32] &= ~bit
+        if not words.any():  # cannot happen (finite_numbers): keep the output parsing
+            words[:] = before
+            logger.error("constrained: %s: no token left after %r", BROKEN, state.number)

@@ -1,0 +1,158 @@
+"""JSON numbers a double cannot hold: following a JSON text's numbers, token by token.
+
+JSON's grammar lets a number be as long as it likes: ``1e999`` and a 400-digit ``1.5`` are
+valid JSON text. Every JSON parser that reads numbers as doubles (Python's ``json`` for any
+number with a fraction or an exponent, JavaScript's ``JSON.parse``) reads them as
+infinity, and a writer then emits ``Infinity``, which is not JSON: vLLM's tool parsers
+re-serialize a call's arguments that way. RFC 8259 (section 6) leaves such numbers to the
+implementation; we never let one be written.
+
+The rule: **every prefix of a number, read as a double, is finite** (a trailing ``.``,
+``e``, ``e+``, ``e-`` or a lone ``-`` dropped first). Appending bytes only ever grows a
+number's magnitude within its integer digits or a non-negative exponent, so a number that
+keeps this rule at each token is finite when it ends; and a finite prefix can always end in
+one byte (``0`` after a ``.``, ``e`` or sign, else nothing), so the rule leads to no dead end.
+It also refuses integers of 309 digits or more, which a double cannot hold either.
+
+``NumberState`` follows the text (outside any value, in a string, just after a backslash in
+one, in a number); ``advance`` moves it over a token's bytes and says whether a number broke
+the rule. ``NumberTokens`` is what a vocabulary needs for the per-step check: which tokens
+can go on with a number, the most digits any of them writes, and the few
+tokens that could break the rule by themselves.
+
+Example::
+
+    >>> state, ok = advance(START, b'{"x": 1e3')
+    >>> ok, state.number
+    (True, b'1e3')
+    >>> advance(state, b"09")[1]
+    False
+    >>> advance(START, b'{"x": "1e999"}')[1]
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+OUT, STRING, ESCAPE, NUMBER = range(4)
+_QUOTE, _BACKSLASH = 0x22, 0x5C
+_NUMBER_BYTES = frozenset(b"0123456789+-.eE")
+_NUMBER_STARTS = frozenset(b"-0123456789")
+_DIGITS = frozenset(b"0123456789")
+_UNFINISHED = b".eE+-"  # bytes a number cannot end with
+# A number under 10**308 is finite: with ``w`` integer digits and an exponent ``E``, it is
+# under 10**(w + E).
+_LARGEST_POWER = 308
+# A token that could break the rule on its own: a mantissa digit then an exponent of three
+# digits, or a run of integer digits as long as a double's largest.
+_RISKY = re.compile(rb"[0-9]\.?[0-9]*[eE]\+?[0-9]{3}|[0-9]{309}")
+
+
+@dataclass(frozen=True, slots=True)
+class NumberState:
+    """Where the JSON text stands: ``mode`` (``OUT``, ``STRING``, ``ESCAPE``, ``NUMBER``) and,
+    in a number, its bytes so far."""
+
+    mode: int = OUT
+    number: bytes = b""
+
+
+START = NumberState()
+
+
+def finite(number: bytes) -> bool:
+    """Whether ``number`` (a JSON number or a prefix of one) reads as a finite double."""
+    text = number.rstrip(_UNFINISHED)
+    try:
+        return not text or not math.isinf(float(text))
+    except ValueError:  # not a number: the grammar refuses it, this rule has no say
+        return True
+
+
+def advance(state: NumberState, data: bytes) -> tuple[NumberState, bool]:
+    """``state`` after ``data``, and whether every number in it kept the rule (a number
+    still open at the end is judged as its prefix)."""
+    mode, number = state.mode, bytearray(state.number)
+    for byte in data:
+        if mode == STRING:
+            if byte == _BACKSLASH:
+                mode = ESCAPE
+            elif byte == _QUOTE:
+                mode = OUT
+            continue
+        if mode == ESCAPE:
+            mode = STRING
+            continue
+        if mode == NUMBER:
+            if byte in _NUMBER_BYTES:
+                number.append(byte)
+                continue
+            if not finite(bytes(number)):
+                return NumberState(OUT), False
+            mode = OUT
+            number.clear()
+        if byte == _QUOTE:  # OUT
+            mode = STRING
+        elif byte in _NUMBER_STARTS:
+            mode = NUMBER
+            number.append(byte)
+    if mode == NUMBER:
+        kept = bytes(number)
+        return NumberState(NUMBER, kept), finite(kept)
+    return NumberState(mode), True
+
+
+def may_break(state: NumberState, most_digits: int) -> bool:
+    """Whether some token that writes at most ``most_digits`` digits could break the rule
+    after ``state`` (``False`` is certain; ``True`` means check the candidates)."""
+    if state.mode != NUMBER:
+        return False
+    mantissa, exponent_mark, exponent = state.number.lstrip(b"-").lower().partition(b"e")
+    whole = len(mantissa.partition(b".")[0])
+    grow = min(most_digits, 6)  # (past 6 digits, anything may break)
+    if not exponent_mark:  # the token may add integer digits, or an exponent of its digits
+        return whole + max(grow, 10**grow - 1) > _LARGEST_POWER
+    if exponent.startswith(b"-"):
+        return False  # more digits only shrink it
+    digits = exponent.lstrip(b"+")
+    if len(digits) > 4:
+        return True
+    largest = (int(digits or b"0") + 1) * 10**grow - 1
+    return whole + largest > _LARGEST_POWER
+
+
+@dataclass(frozen=True)
+class NumberTokens:
+    """A vocabulary's tokens as the rule needs them (``number_tokens`` builds it).
+
+    ``continues``: packed bitmask words (uint32) of the tokens whose first byte can go on
+    with a number; ``most_digits``: the most digits any of them writes before its first
+    byte that cannot be in a number; ``risky``:
+    the tokens that could break the rule within themselves (checked whatever the state);
+    ``pieces``: each token's bytes.
+    """
+
+    continues: np.ndarray
+    most_digits: int
+    risky: tuple[int, ...]
+    pieces: list[bytes]
+
+
+def number_tokens(pieces: list[bytes]) -> NumberTokens:
+    """``NumberTokens`` of a vocabulary whose token ``i`` writes ``pieces[i]``."""
+    words = np.zeros((len(pieces) + 31) // 32, dtype=np.uint32)
+    most = 1
+    risky = []
+    for token, piece in enumerate(pieces):
+        if piece and piece[0] in _NUMBER_BYTES:
+            words[token // 32] |= np.uint32(1 << (token % 32))
+            run = piece[: len(piece) - len(piece.lstrip(b"0123456789+-.eE"))]
+            most = max(most, sum(byte in _DIGITS for byte in run))
+        if _RISKY.search(piece):
+            risky.append(token)
+    return NumberTokens(words, most, tuple(risky), pieces)

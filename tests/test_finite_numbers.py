@@ -1,0 +1,207 @@
+"""Numbers a double cannot hold (``1e999``) are never written (``schema.finite_numbers``,
+``grammars.finite_matcher``).
+
+- the rule on text: which numbers and prefixes read as infinite, strings left alone;
+- ``may_break`` never says "safe" where a token could break the rule (generated prefixes);
+- on each backend's JSON grammar, random walks that favour digits and exponents: every row
+  is exactly the backend's row less the tokens that would break the rule, never empty, and
+  every output that ends parses with finite numbers; ``try_consume``, ``accepted`` and
+  ``completes`` agree with the rows;
+- with closing at ``max_tokens``: walks end complete and finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from constrained.grammars import GrammarSpec, compile_now, load_vocab
+from constrained.grammars.checked_matcher import unwrapped
+from constrained.grammars.finite_matcher import FiniteGrammar, tokens_of
+from constrained.grammars.matcher import row_ids, words_for
+from constrained.grammars.stack import build_stack
+from constrained.schema.finite_numbers import START, advance, finite, may_break
+
+WIDTH = 151_936
+NUMBERS = {
+    "type": "object",
+    "properties": {
+        "x": {"type": "number"},
+        "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 4},
+        "s": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer"},
+    },
+    "required": ["x", "xs", "s", "n"],
+    "additionalProperties": False,
+}
+ARRAY = {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 3}
+UNIQUE = {"type": "array", "items": {"type": "number"}, "uniqueItems": True, "maxItems": 3}
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        (b"1e308", True),
+        (b"1.7976931348623157e308", True),
+        (b"1.8e308", False),
+        (b"1e309", False),
+        (b"-1e999", False),
+        (b"1e-999", True),
+        (b"0.0001e311", True),
+        (b"9" * 308, True),
+        (b"9" * 309, False),  # ~1e309
+        (b"1" * 309, True),  # ~1.1e308
+        (b"1e", True),
+        (b"1e+", True),
+        (b"-", True),
+        (b"12.", True),
+    ],
+)
+def test_finite_reads_numbers_and_prefixes_as_doubles(text, ok):
+    assert finite(text) is ok
+
+
+def test_advance_follows_strings_escapes_and_number_ends():
+    assert advance(START, b'{"a": "1e999", "b\\"1e999": 1}')[1]
+    assert not advance(START, b"[1e999]")[1]
+    state, ok = advance(START, b"[1, -1e3")
+    assert ok and state.number == b"-1e3"
+    state, ok = advance(state, b"0")
+    assert ok and state.number == b"-1e30"
+    assert not advance(state, b"00")[1]  # -1e3000
+    assert advance(state, b"]")[1] and advance(state, b"]")[0].number == b""
+
+
+def test_may_break_is_never_wrong_about_safety():
+    rng = random.Random(0)
+    pieces = [b"0", b"9", b"99", b"999", b"e", b"e9", b"e99", b".", b"-", b"+", b"9e", b"e+9"]
+    most = max(sum(c in b"0123456789" for c in p) for p in pieces)
+    checked = breaking = 0
+    for _ in range(20_000):
+        prefix = rng.choice([b"", b"-"]) + rng.choice([b"1", b"9", b"0."])
+        prefix += b"9" * rng.choice([0, 1, 5, 150, 250, 299, 305])
+        if rng.random() < 0.6:
+            prefix += b"e" + rng.choice([b"", b"+", b"-"]) + b"9" * rng.choice([0, 1, 2, 3])
+        state, ok = advance(START, b"[" + prefix)
+        if not ok:
+            continue
+        for piece in pieces:
+            checked += 1
+            if not advance(state, piece)[1]:
+                breaking += 1
+                assert may_break(state, most), (prefix, piece)
+    assert checked > 50_000 and breaking > 1_000
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_model_dir):
+    return load_vocab(tiny_model_dir, WIDTH)
+
+
+def grammar(vocab, schema: dict, backend: str):
+    return compile_now(GrammarSpec("json_schema", json.dumps(schema), backend=backend), vocab)
+
+
+def row(matcher, vocab) -> set[int]:
+    bitmask = torch.zeros(1, words_for(WIDTH), dtype=torch.int32)
+    matcher.fill(bitmask, 0)
+    return set(row_ids(bitmask[0].numpy().view("uint32")).tolist())
+
+
+def all_finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(map(all_finite, value.values()))
+    if isinstance(value, list):
+        return all(map(all_finite, value))
+    return True
+
+
+def numeric_tokens(vocab) -> list[int]:
+    encode = vocab.hf_tokenizer.encode
+    return [encode(t, add_special_tokens=False)[0] for t in "0123456789e"]
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+@pytest.mark.parametrize("schema", [NUMBERS, ARRAY, UNIQUE], ids=["object", "array", "unique"])
+def test_rows_are_the_backends_less_what_would_overflow(vocab, backend, schema):
+    compiled = grammar(vocab, schema, backend)
+    assert isinstance(compiled, FiniteGrammar) or isinstance(compiled.inner, FiniteGrammar)
+    below = compiled.inner if isinstance(compiled, FiniteGrammar) else compiled.inner.inner
+    assert below is unwrapped(compiled)
+    tokens = tokens_of(vocab)
+    favoured = numeric_tokens(vocab)
+    rng = random.Random(hash((backend, json.dumps(schema))) % 1000)
+    cleared = ended = 0
+    for _ in range(12):
+        ours = compiled.matcher()
+        # the same path through the grammar without this layer (array checks, if any, kept)
+        theirs = (
+            below.matcher()
+            if isinstance(compiled, FiniteGrammar)
+            else type(compiled)(below, compiled.plan, vocab).matcher()
+        )
+        written: list[int] = []
+        for _step in range(120):
+            allowed, backend_row = row(ours, vocab), row(theirs, vocab)
+            assert allowed, bytes(b"".join(tokens.pieces[t] for t in written))
+            state = ours.states[-1] if hasattr(ours, "states") else ours.inner.states[-1]
+            expected = {t for t in backend_row if advance(state, tokens.pieces[t])[1]}
+            assert allowed == expected
+            cleared += len(backend_row) - len(allowed)
+            others = sorted(allowed - {vocab.eos_token_id})
+            if ours.accepts_end() and (not others or rng.random() < 0.05):
+                break
+            pick = [t for t in favoured if t in allowed]
+            token = rng.choice(pick if pick and rng.random() < 0.9 else others)
+            for refused in set(favoured) - allowed:
+                assert ours.accepted([refused]) == 0 and ours.try_consume([refused]) == 0
+            assert ours.accepted([token]) == 1
+            assert ours.consume([token]) and theirs.consume([token])
+            written.append(token)
+        text = b"".join(tokens.pieces[t] for t in written)
+        if ours.accepts_end():
+            ended += 1
+            assert ours.completes([]) and theirs.completes([])
+            assert all_finite(json.loads(text)), text
+        else:  # still open: its numbers so far read as finite
+            assert advance(START, text)[1], text
+    assert cleared > 0  # the walks reached numbers a double cannot hold
+
+
+def test_closing_at_max_tokens_ends_complete_and_finite(vocab):
+    compiled = grammar(vocab, NUMBERS, "llguidance")
+    tokens = tokens_of(vocab)
+    favoured = numeric_tokens(vocab)
+    rng = random.Random(3)
+    for limit in (24, 40):
+        for _ in range(6):
+            stack = build_stack(_done(compiled), vocab, limit).matcher
+            written: list[int] = []
+            for _step in range(limit):
+                allowed = row(stack, vocab) - {vocab.eos_token_id}
+                if stack.accepts_end() and (not allowed or rng.random() < 0.2):
+                    break
+                assert allowed
+                pick = [t for t in favoured if t in allowed]
+                token = (
+                    rng.choice(pick) if pick and rng.random() < 0.8 else rng.choice(sorted(allowed))
+                )
+                assert stack.consume([token])
+                written.append(token)
+            assert stack.accepts_end()
+            text = b"".join(tokens.pieces[t] for t in written)
+            assert all_finite(json.loads(text)), text
+
+
+def _done(value):
+    from concurrent.futures import Future
+
+    future: Future = Future()
+    future.set_result(value)
+    return future
