@@ -205,3 +205,19 @@ def _done(value):
     future: Future = Future()
     future.set_result(value)
     return future
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_escapes_in_strings_are_followed_token_by_token(vocab, backend):
+    """Strings with escaped quotes and backslashes, then a number: the matcher knows where it
+    stands whichever way the tokens split the text."""
+    compiled = grammar(vocab, {"type": "array", "items": {}}, backend)
+    nine = vocab.hf_tokenizer.encode("9", add_special_tokens=False)
+    for text in ['["a\\\\",1e99', '["\\"",1e99', '["x\\"y\\\\",{"k":"\\\\"},1e99']:
+        matcher = compiled.matcher()
+        tokens = vocab.hf_tokenizer.encode(text, add_special_tokens=False)
+        for token in tokens:  # one at a time: the state carried across token edges
+            assert matcher.consume([token]), text
+        assert matcher.states[-1].number == b"1e99", text
+        assert nine[0] not in row(matcher, vocab) and matcher.try_consume(nine) == 0
+        assert matcher.try_consume(vocab.hf_tokenizer.encode("]", add_special_tokens=False)) == 1

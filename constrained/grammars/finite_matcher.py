@@ -34,7 +34,10 @@ import numpy as np
 
 from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
 from constrained.schema.finite_numbers import (
+    NUMBER,
+    OUT,
     START,
+    STRING,
     NumberState,
     NumberTokens,
     advance,
@@ -55,6 +58,13 @@ BROKEN = "a number a double cannot hold (it would read as infinite)"
 def tokens_of(vocab: Vocab) -> NumberTokens:
     """The vocabulary's ``NumberTokens``, built once."""
     return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
+
+
+def _keeps(table: NumberTokens, state: NumberState) -> list[bool] | None:
+    """Which tokens leave ``state`` as it is (``None``: look at each token's bytes)."""
+    if state.mode == OUT:
+        return table.keeps_out
+    return table.keeps_string if state.mode == STRING else None
 
 
 class FiniteGrammar:
@@ -84,33 +94,43 @@ class FiniteMatcher(MatcherWrapper):
     def state(self) -> NumberState:
         return self.states[-1]
 
-    def _kept(self, tokens: Sequence[int]) -> int:
-        """How many of ``tokens``, in order, keep every number finite from here; their states
-        are appended to ``states``."""
-        pieces, state = self.tokens.pieces, self.states[-1]
-        for taken, token in enumerate(tokens):
-            state, ok = advance(state, pieces[token]) if token < len(pieces) else (state, True)
+    def _kept(self, tokens: Sequence[int], count: int) -> int:
+        """How many of the first ``count`` of ``tokens``, in order, keep every number finite
+        from here; their states are appended to ``states``."""
+        table, states = self.tokens, self.states
+        state = states[-1]
+        # most tokens leave the state as it was, known without a look at their bytes
+        keeps = _keeps(table, state)
+        for taken in range(count):
+            token = tokens[taken]
+            if keeps is not None and (token >= len(keeps) or keeps[token]):
+                states.append(state)
+                continue
+            state, ok = advance(state, table.pieces[token])
             if not ok:
                 return taken
-            self.states.append(state)
-        return len(tokens)
+            states.append(state)
+            keeps = _keeps(table, state)
+        return count
 
     def consume(self, tokens: Sequence[int]) -> bool:
         tokens = list(tokens)
         if not self.inner.consume(tokens):
             self.error = self.inner.error or "token refused"
             return False
-        kept = self._kept(tokens)
+        kept = self._kept(tokens, len(tokens))
         if kept < len(tokens):
             self.error = BROKEN
             self.states.extend([self.states[-1]] * (len(tokens) - kept))  # one per token
         return self.error is None
 
     def try_consume(self, tokens: Sequence[int]) -> int:
-        if self.error is not None:
+        if self._error is not None:  # (the layers below answer 0 for their own)
             return 0
         taken = self.inner.try_consume(tokens)
-        kept = self._kept(list(tokens)[:taken])
+        if not taken:
+            return 0
+        kept = self._kept(tokens, taken)
         if kept < taken:
             self.inner.rollback(taken - kept)
         return kept
@@ -123,14 +143,14 @@ class FiniteMatcher(MatcherWrapper):
     def completes(self, tokens: Sequence[int]) -> bool:
         if self.error is not None:
             return False
-        kept = self._kept(tokens)
+        kept = self._kept(tokens, len(tokens))
         del self.states[len(self.states) - kept :]
         return kept == len(tokens) and self.inner.completes(tokens)
 
     def accepted(self, tokens: Sequence[int]) -> int:
         if self.error is not None:
             return 0
-        kept = self._kept(tokens)
+        kept = self._kept(tokens, len(tokens))
         del self.states[len(self.states) - kept :]
         return self.inner.accepted(list(tokens)[:kept]) if kept else 0
 
@@ -143,10 +163,12 @@ class FiniteMatcher(MatcherWrapper):
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         """Clear the tokens after which the number being written would read as infinite."""
+        state, tokens = self.states[-1], self.tokens
+        if state.mode != NUMBER and not tokens.risky and self.error is None:
+            return  # (the common case: nothing here can break the rule)
         if self.error is not None:
             fill_only(bitmask, row, [self.eos])
             return
-        state, tokens = self.states[-1], self.tokens
         check = list(tokens.risky)
         if may_break(state, tokens.most_digits):
             words = bitmask[row].numpy().view(np.uint32)

@@ -44,6 +44,7 @@ _QUOTE, _BACKSLASH = 0x22, 0x5C
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _NUMBER_STARTS = frozenset(b"-0123456789")
 _DIGITS = frozenset(b"0123456789")
+_OUT_MOVES = _NUMBER_STARTS | {_QUOTE}  # bytes that move the text out of ``OUT``
 _UNFINISHED = b".eE+-"  # bytes a number cannot end with
 # A number under 10**308 is finite: with ``w`` integer digits and an exponent ``E``, it is
 # under 10**(w + E).
@@ -134,13 +135,17 @@ class NumberTokens:
     with a number; ``most_digits``: the most digits any of them writes before its first
     byte that cannot be in a number; ``risky``:
     the tokens that could break the rule within themselves (checked whatever the state);
-    ``pieces``: each token's bytes.
+    ``pieces``: each token's bytes; ``keeps_out`` / ``keeps_string``: below.
     """
 
     continues: np.ndarray
     most_digits: int
     risky: tuple[int, ...]
     pieces: list[bytes]
+    #: per token: it leaves ``OUT`` as it is (no quote, no number byte) / ``STRING`` (no
+    #: quote, no backslash): most tokens, followed without a look at their bytes
+    keeps_out: list[bool]
+    keeps_string: list[bool]
 
 
 def number_tokens(pieces: list[bytes]) -> NumberTokens:
@@ -155,4 +160,6 @@ def number_tokens(pieces: list[bytes]) -> NumberTokens:
             most = max(most, sum(byte in _DIGITS for byte in run))
         if _RISKY.search(piece):
             risky.append(token)
-    return NumberTokens(words, most, tuple(risky), pieces)
+    keeps_out = [not (_OUT_MOVES & set(piece)) for piece in pieces]
+    keeps_string = [_QUOTE not in piece and _BACKSLASH not in piece for piece in pieces]
+    return NumberTokens(words, most, tuple(risky), pieces, keeps_out, keeps_string)
