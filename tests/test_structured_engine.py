@@ -374,3 +374,31 @@ def test_numbers_stay_doubles_when_the_model_pushes_exponents(llm):
     for out in outs:
         assert all(math.isfinite(x) for x in json.loads(out.text)), out.text
     assert any(re.search(r"\de\+?9", out.text) for out in outs)  # the rule was reached
+
+
+def test_tool_call_tags_keep_numbers_doubles(llm):
+    """The same inside a structural tag, the form vLLM's hermes parser asks tool calls in:
+    the arguments' numbers stay finite; the tag's literal text is written as it is."""
+    tokenizer = llm.get_tokenizer()
+    bias = {str(tokenizer.encode(t, add_special_tokens=False)[0]): 12.0 for t in "1e9"}
+    arguments = {"type": "object", "properties": {"x": {"type": "number"}},
+                 "required": ["x"], "additionalProperties": False}  # fmt: skip
+    tag = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": True,
+        "stop_after_first": True, "tags": [{
+            "type": "tag", "begin": '<tool_call>\n{"name": "f", "arguments": ',
+            "content": {"type": "json_schema", "json_schema": arguments},
+            "end": "}\n</tool_call>"}]}}  # fmt: skip
+    outs = generate(llm, 4, max_tokens=96, structural_tag=json.dumps(tag), logit_bias=bias)
+    reached = False
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        text = tokenizer.decode(out.token_ids, skip_special_tokens=False)  # <tool_call> kept
+        call = re.search(
+            r'<tool_call>\n(\{"name": "f", "arguments": .*\})\n</tool_call>', text, re.S
+        )
+        assert call, text
+        value = json.loads(call.group(1))["arguments"]["x"]
+        assert math.isfinite(value), text
+        reached |= bool(re.search(r"\de\+?9", call.group(1)))
+    assert reached  # the rule was reached

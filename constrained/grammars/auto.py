@@ -14,7 +14,7 @@ import json
 from constrained.errors import GrammarError
 from constrained.grammars.backend import CompiledGrammar
 from constrained.grammars.checked_matcher import CheckedGrammar
-from constrained.grammars.finite_matcher import FiniteGrammar
+from constrained.grammars.finite_matcher import FiniteGrammar, with_finite_numbers
 from constrained.grammars.registry import BACKENDS, get_backend
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.vocab import Vocab
@@ -34,6 +34,8 @@ def compile_with(name: str, spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
         GrammarError: the backend refuses the constraint, or it does not compile; the
             reason given is the one for the schema as written.
     """
+    if spec.kind == "structural_tag":
+        return with_finite_numbers(spec, _compile_as_written(name, spec, vocab), vocab)
     if spec.kind != "json_schema":
         return _compile_as_written(name, spec, vocab)
     planned = plan_checks(spec.source, name)

@@ -69,7 +69,7 @@ from constrained.grammars.checked_contains import ContainsSteering
 from constrained.grammars.checked_lookahead import TokenLookahead
 from constrained.grammars.checked_row import RowClearing
 from constrained.grammars.checked_text import FollowedText
-from constrained.grammars.finite_matcher import FiniteGrammar
+from constrained.grammars.finite_matcher import FiniteGrammar, with_finite_numbers
 from constrained.grammars.matcher import Matcher, MatcherWrapper, fill_only
 from constrained.schema.array_checks import CheckPlan, plan_checks
 from constrained.schema.json_scan import Scan, TokenReach, token_reach
@@ -118,6 +118,8 @@ def unwrapped(grammar: Any) -> Any:
 def with_checks(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
     """``grammar`` (a backend's, loaded from the store) with the checks ``spec`` asks for, as
     ``auto.compile_with`` built it."""
+    if spec.kind == "structural_tag":
+        return with_finite_numbers(spec, grammar, vocab)
     if spec.kind != "json_schema":
         return grammar
     finite = FiniteGrammar(grammar, vocab)

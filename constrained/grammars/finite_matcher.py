@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
+from constrained.grammars.structural_tag import json_openers
 from constrained.schema.finite_numbers import (
+    FREE_START,
     NUMBER,
     OUT,
     START,
@@ -49,46 +51,69 @@ if TYPE_CHECKING:
     import torch
 
     from constrained.grammars.matcher import Matcher
+    from constrained.grammars.spec import GrammarSpec
     from constrained.grammars.vocab import Vocab
 
 logger = logging.getLogger(__name__)
 BROKEN = "a number a double cannot hold (it would read as infinite)"
 
 
-def tokens_of(vocab: Vocab) -> NumberTokens:
-    """The vocabulary's ``NumberTokens``, built once."""
-    return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
+def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
+    """The vocabulary's ``NumberTokens``, built once. ``tagged``: for a structural tag, whose
+    literals may be special tokens (``<tool_call>``): those spelled as their text."""
+    if not tagged:
+        return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
+
+    def spelled() -> NumberTokens:
+        pieces = list(vocab.token_bytes())
+        added = vocab.tokenizer.added_tokens_decoder
+        for token in vocab.special_ids():
+            if token < len(pieces) and token in added:
+                pieces[token] = added[token].content.encode()
+        return number_tokens(pieces)
+
+    return vocab._once("finite_numbers_tagged", spelled)
 
 
-def _keeps(table: NumberTokens, state: NumberState) -> list[bool] | None:
+def _keeps(table: NumberTokens, state: NumberState, tagged: bool) -> list[bool] | None:
     """Which tokens leave ``state`` as it is (``None``: look at each token's bytes)."""
     if state.mode == OUT:
-        return table.keeps_out
+        return table.keeps_tagged_out if tagged else table.keeps_out
     return table.keeps_string if state.mode == STRING else None
 
 
 class FiniteGrammar:
     """A backend's compiled JSON-schema grammar (``inner``) whose numbers stay finite."""
 
-    def __init__(self, inner: Any, vocab: Vocab) -> None:
+    def __init__(self, inner: Any, vocab: Vocab, opens: tuple[bytes, ...] = ()) -> None:
         self.inner = inner
         self.vocab = vocab
+        self.opens = opens  # a structural tag's JSON parts' begins (empty: one document)
         self.backend = inner.backend
         self.history = getattr(inner, "history", False)
-        tokens_of(vocab)  # built here, in a compile thread, not in the first mask fill
+        tokens_of(vocab, bool(opens))  # built here, in a compile thread, not at a mask fill
 
     def matcher(self) -> FiniteMatcher:
-        return FiniteMatcher(self.inner.matcher(), self.vocab)
+        return FiniteMatcher(self.inner.matcher(), self.vocab, self.opens)
+
+
+def with_finite_numbers(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
+    """A structural tag's compiled ``grammar`` with the rule in its JSON parts (as it is when
+    none has a JSON value)."""
+    opens = json_openers(spec.source)
+    return FiniteGrammar(grammar, vocab, opens) if opens else grammar
 
 
 class FiniteMatcher(MatcherWrapper):
     """One request: the backend's matcher and where its JSON text's numbers stand."""
 
-    def __init__(self, inner: Matcher, vocab: Vocab) -> None:
+    def __init__(self, inner: Matcher, vocab: Vocab, opens: tuple[bytes, ...] = ()) -> None:
         super().__init__(inner)
-        self.tokens = tokens_of(vocab)
+        self.tokens = tokens_of(vocab, bool(opens))
         self.eos = vocab.eos_token_id
-        self.states: list[NumberState] = [START]  # the state after each consumed token
+        self.opens = opens
+        #: the state after each consumed token
+        self.states: list[NumberState] = [FREE_START if opens else START]
 
     @property
     def state(self) -> NumberState:
@@ -100,17 +125,18 @@ class FiniteMatcher(MatcherWrapper):
         table, states = self.tokens, self.states
         state = states[-1]
         # most tokens leave the state as it was, known without a look at their bytes
-        keeps = _keeps(table, state)
+        opens = self.opens
+        keeps = _keeps(table, state, bool(opens))
         for taken in range(count):
             token = tokens[taken]
             if keeps is not None and (token >= len(keeps) or keeps[token]):
                 states.append(state)
                 continue
-            state, ok = advance(state, table.pieces[token])
+            state, ok = advance(state, table.pieces[token], opens)
             if not ok:
                 return taken
             states.append(state)
-            keeps = _keeps(table, state)
+            keeps = _keeps(table, state, bool(opens))
         return count
 
     def consume(self, tokens: Sequence[int]) -> bool:
@@ -180,7 +206,7 @@ class FiniteMatcher(MatcherWrapper):
         before = words.copy()
         for token in check:
             bit = np.uint32(1 << (token % 32))
-            if words[token // 32] & bit and not advance(state, tokens.pieces[token])[1]:
+            if words[token // 32] & bit and not advance(state, tokens.pieces[token], self.opens)[1]:
                 words[token // 32] &= ~bit
         if not words.any():  # cannot happen (finite_numbers): keep the output parsing
             words[:] = before

@@ -152,6 +152,22 @@ def literals(tag: dict[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
+def json_openers(source: str) -> tuple[bytes, ...]:
+    """The ``begin`` of each tag whose content is a JSON value (``json_schema``), as UTF-8:
+    where the finite-number rule starts reading JSON (``grammars/finite_matcher.py``)."""
+    tag = parse_structural_tag(source)
+    found = {
+        node["begin"].encode()
+        for _, node in parts(tag["format"], "/format")
+        if node.get("type") == "tag"
+        and isinstance(node.get("content"), dict)
+        and node["content"].get("type") == "json_schema"
+        and isinstance(node.get("begin"), str)
+        and node["begin"]
+    }
+    return tuple(sorted(found))
+
+
 def parts(node: Any, path: str = "/format") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every part (an object with a ``type``) of a format, with its path; not inside
     schemas, whose objects are JSON-schema keywords."""

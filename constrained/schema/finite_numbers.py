@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OUT, STRING, ESCAPE, NUMBER = range(4)
+OUT, STRING, ESCAPE, NUMBER, FREE = range(5)
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _NUMBER_STARTS = frozenset(b"-0123456789")
@@ -56,14 +56,20 @@ _RISKY = re.compile(rb"[0-9]\.?[0-9]*[eE]\+?[0-9]{3}|[0-9]{309}")
 
 @dataclass(frozen=True, slots=True)
 class NumberState:
-    """Where the JSON text stands: ``mode`` (``OUT``, ``STRING``, ``ESCAPE``, ``NUMBER``) and,
-    in a number, its bytes so far."""
+    """Where the text stands: ``mode`` (``OUT``, ``STRING``, ``ESCAPE``, ``NUMBER``; ``FREE``:
+    outside JSON, in a structural tag's free text), in a number its bytes so far, and in a
+    tagged text the JSON value's nesting (``depth``) or, outside it, the free text's last
+    bytes (``tail``, to find a tag's ``begin``)."""
 
     mode: int = OUT
     number: bytes = b""
+    depth: int = 0
+    tail: bytes = b""
 
 
-START = NumberState()
+START = NumberState()  # a JSON document
+FREE_START = NumberState(FREE)  # a structural tag: free text until a JSON part's begin
+_OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
 
 
 def finite(number: bytes) -> bool:
@@ -75,16 +81,28 @@ def finite(number: bytes) -> bool:
         return True
 
 
-def advance(state: NumberState, data: bytes) -> tuple[NumberState, bool]:
+def advance(
+    state: NumberState, data: bytes, opens: tuple[bytes, ...] = ()
+) -> tuple[NumberState, bool]:
     """``state`` after ``data``, and whether every number in it kept the rule (a number
-    still open at the end is judged as its prefix)."""
-    mode, number = state.mode, bytearray(state.number)
+    still open at the end is judged as its prefix).
+
+    ``opens``: for a structural tag, the ``begin`` literals after which a JSON value starts;
+    the text is free outside those values (``FREE``). Empty: the text is one JSON document.
+    """
+    mode, number, depth, tail = state.mode, bytearray(state.number), state.depth, state.tail
+    longest = max(map(len, opens), default=0)
     for byte in data:
+        if mode == FREE:
+            tail = (tail + bytes((byte,)))[-longest:]
+            if any(tail.endswith(begin) for begin in opens):
+                mode, depth, tail = OUT, 0, b""
+            continue
         if mode == STRING:
             if byte == _BACKSLASH:
                 mode = ESCAPE
             elif byte == _QUOTE:
-                mode = OUT
+                mode = FREE if opens and depth == 0 else OUT
             continue
         if mode == ESCAPE:
             mode = STRING
@@ -95,17 +113,26 @@ def advance(state: NumberState, data: bytes) -> tuple[NumberState, bool]:
                 continue
             if not finite(bytes(number)):
                 return NumberState(OUT), False
-            mode = OUT
             number.clear()
+            mode = OUT
+            if opens and depth == 0:  # the value was this number: free text again
+                mode, tail = FREE, bytes((byte,))[-longest:]
+                continue
         if byte == _QUOTE:  # OUT
             mode = STRING
         elif byte in _NUMBER_STARTS:
             mode = NUMBER
             number.append(byte)
+        elif opens and byte in _OPENING:
+            depth += 1
+        elif opens and byte in _CLOSING:
+            depth -= 1
+            if depth <= 0:
+                mode, depth = FREE, 0
     if mode == NUMBER:
         kept = bytes(number)
-        return NumberState(NUMBER, kept), finite(kept)
-    return NumberState(mode), True
+        return NumberState(NUMBER, kept, depth), finite(kept)
+    return NumberState(mode, b"", depth, tail), True
 
 
 def may_break(state: NumberState, most_digits: int) -> bool:
@@ -146,6 +173,8 @@ class NumberTokens:
     #: quote, no backslash): most tokens, followed without a look at their bytes
     keeps_out: list[bool]
     keeps_string: list[bool]
+    #: in a structural tag's JSON value: no quote, number byte or bracket either
+    keeps_tagged_out: list[bool]
 
 
 def number_tokens(pieces: list[bytes]) -> NumberTokens:
@@ -162,4 +191,8 @@ def number_tokens(pieces: list[bytes]) -> NumberTokens:
             risky.append(token)
     keeps_out = [not (_OUT_MOVES & set(piece)) for piece in pieces]
     keeps_string = [_QUOTE not in piece and _BACKSLASH not in piece for piece in pieces]
-    return NumberTokens(words, most, tuple(risky), pieces, keeps_out, keeps_string)
+    moves = _OUT_MOVES | _OPENING | _CLOSING
+    keeps_tagged_out = [not (moves & set(piece)) for piece in pieces]
+    return NumberTokens(
+        words, most, tuple(risky), pieces, keeps_out, keeps_string, keeps_tagged_out
+    )
