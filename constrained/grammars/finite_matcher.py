@@ -115,10 +115,6 @@ class FiniteMatcher(MatcherWrapper):
         #: the state after each consumed token
         self.states: list[NumberState] = [FREE_START if opens else START]
 
-    @property
-    def state(self) -> NumberState:
-        return self.states[-1]
-
     def _kept(self, tokens: Sequence[int], count: int) -> int:
         """How many of the first ``count`` of ``tokens``, in order, keep every number finite
         from here; their states are appended to ``states``."""
@@ -180,21 +176,14 @@ class FiniteMatcher(MatcherWrapper):
         del self.states[len(self.states) - kept :]
         return self.inner.accepted(list(tokens)[:kept]) if kept else 0
 
-    def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        if self.error is not None:
-            fill_only(bitmask, row, [self.eos])
-            return
-        self.inner.fill(bitmask, row)
-        self._narrow_own(bitmask, row)
-
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         """Clear the tokens after which the number being written would read as infinite."""
-        state, tokens = self.states[-1], self.tokens
-        if state.mode != NUMBER and not tokens.risky and self.error is None:
-            return  # (the common case: nothing here can break the rule)
         if self.error is not None:
             fill_only(bitmask, row, [self.eos])
             return
+        state, tokens = self.states[-1], self.tokens
+        if state.mode != NUMBER and not tokens.risky:
+            return  # (the common case: nothing here can break the rule)
         check = list(tokens.risky)
         if may_break(state, tokens.most_digits):
             words = bitmask[row].numpy().view(np.uint32)
