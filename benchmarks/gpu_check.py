@@ -12,9 +12,11 @@ parts). Steps, each with what is left of the time budget:
 (c) the per-step bench through vLLM's real V2 sampler: ours, vLLM's built-ins, the floor (the
     kit's ``bench.py``, with XTC, no-repeat-ngram and xgrammar added by ``gpu_bench.py``);
 (d) the torch profiler over the same steps: kernels per step and device time per kernel
-    (``benchmarks/gpu_profile.py``).
+    (``benchmarks/gpu_profile.py``);
+(e) typical-p's kernel pass by pass, and its launch settings one at a time
+    (``benchmarks/gpu_typical.py``; not on a dry run: it needs CUDA).
 
-(c) and (d) run first, alone on the device (timings); then (a) and (b) side by side.
+(c), (d) and (e) run first, alone on the device (timings); then (a) and (b) side by side.
 
 Steps (b) and (c) run the kit's scripts, (d) ours, with the kit's ``cuda_harness.load_harness``
 replaced by a plain import of our harness (the device parameter makes the kit's text edits
@@ -23,7 +25,7 @@ Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (the table). ``--dry-run`
 ``GPU_DRYRUN=1``): device cpu, Triton's interpreter, the installed vLLM; proves the chain.
 
     python -m benchmarks.gpu_check [--dry-run] [--out DIR] [--kit DIR] [--budget 345]
-                                   [--skip a,b,c,d] [--heartbeat 30]
+                                   [--skip a,b,c,d,e] [--heartbeat 15]
 
 On a lent machine: the kit copied into the checkout as ``gpu-kit/`` (listed in
 ``.git/info/exclude``) and carried, ``GPU_KIT=$PWD/gpu-kit``, and ``--out`` packed into one
@@ -71,10 +73,12 @@ def child(args: argparse.Namespace) -> int:
     import cuda_harness
 
     if args.scenario:
-        # A scenario prints nothing until it ends: every ``--heartbeat`` seconds its threads'
-        # stacks go to the log, so one that times out shows where its time went.
+        # A scenario prints nothing until it ends: shortly before its timeout its threads'
+        # stacks go to the log, once, so one that times out shows where its time went. (Every
+        # 30 s, as before 2026-12-04, a dump crashed a scenario on an H200: faulthandler reads
+        # the other threads' frames while they run.)
         if args.heartbeat > 0:
-            faulthandler.dump_traceback_later(args.heartbeat, repeat=True)
+            faulthandler.dump_traceback_later(args.heartbeat)
         cuda_harness.load_harness()
         from tests.v2_real import scenarios
 
@@ -164,9 +168,10 @@ class Run:
             if self.left() < 20:
                 return {"name": name, "status": "skipped: budget spent"}
             t = time.monotonic()
-            argv = ["--scenario", name, "--heartbeat", str(self.args.heartbeat)]
-            rc, text = self.sub(argv, min(share, self.left() - 10),
-                                self.args.out / f"a_{name}.log")  # fmt: skip
+            limit = min(share, self.left() - 10)
+            dump_at = max(1.0, limit - self.args.heartbeat) if self.args.heartbeat > 0 else 0
+            argv = ["--scenario", name, "--heartbeat", str(dump_at)]
+            rc, text = self.sub(argv, limit, self.args.out / f"a_{name}.log")
             counts = None
             for line in text.splitlines():
                 if line.startswith("V2REAL "):
@@ -235,12 +240,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--scenario-timeout", type=float, default=150.0)
     p.add_argument("--only", default="", help="scenarios to run (default: all)")
-    p.add_argument("--skip", default="", help="steps to skip: a,b,c,d")
+    p.add_argument("--skip", default="", help="steps to skip: a,b,c,d,e")
     p.add_argument("--bench-timeout", type=float, default=150.0)
     p.add_argument("--bench-only", default="", help="bench configurations (default: all)")
     p.add_argument("--rows-timeout", type=float, default=180.0)
-    p.add_argument("--heartbeat", type=float, default=30.0,
-                   help="seconds between a scenario's stack dumps (0: none)")  # fmt: skip
+    p.add_argument("--typical-timeout", type=float, default=120.0)
+    p.add_argument("--heartbeat", type=float, default=15.0,
+                   help="a scenario's stacks dumped once, this many seconds before its "
+                        "timeout (0: none)")  # fmt: skip
     p.add_argument("--scenario", default="")
     p.add_argument("--kit-script", default="")
     p.add_argument("rest", nargs="*")
@@ -264,6 +271,13 @@ def main(argv: list[str]) -> int:
         run.kit_script("d_profile", "benchmarks/gpu_profile.py",
                        ["--json", str(args.out / "gpu_profile.json"),
                         *(extra if args.dry_run else [])], 90)  # fmt: skip
+    if "e" not in skip and not args.dry_run:
+        run.kit_script(
+            "e_typical",
+            "benchmarks/gpu_typical.py",
+            ["--json", str(args.out / "gpu_typical.json")],
+            args.typical_timeout,
+        )
     # (b) shares the cores with (a)'s scenarios, one torch thread each (the V2 harness).
     rows_threads = max(1, (os.cpu_count() or 1) - args.jobs)
     with ThreadPoolExecutor(1) as side:

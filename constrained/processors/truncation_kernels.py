@@ -253,7 +253,7 @@ def _typical_pass_kernel(
 
 
 def typical_bounds_kernel(
-    logits: torch.Tensor, mass: torch.Tensor
+    logits: torch.Tensor, mass: torch.Tensor, tuning: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``truncation_math.typical_bounds`` in ``3 + PASSES`` = 7 launches, 6 reading the
     logits: ``(low, high)`` float32 (the module's docstring has the passes).
@@ -261,7 +261,11 @@ def typical_bounds_kernel(
     Args:
         logits: [rows, vocab] float32 on a Triton device (rows contiguous in the last dim).
         mass: [rows] float32 ``typical_p``; ``>= 1`` keeps the row whole.
+        tuning: launch settings over the defaults (``CHUNK``, ``BLOCK``, ``HIST_BLOCK``,
+            ``num_warps``), for ``benchmarks/gpu_typical.py``'s sweep.
     """
+    tuning = tuning or {}
+    chunk = tuning.get("CHUNK", CHUNK)
     rows, vocab = logits.shape
     device = logits.device
     low = torch.empty(rows, dtype=torch.float32, device=device)
@@ -269,7 +273,7 @@ def typical_bounds_kernel(
     if rows == 0:
         return low, high
     assert logits.stride(1) == 1, "typical_bounds_kernel: rows must be contiguous"
-    nsplit = triton.cdiv(vocab, CHUNK)
+    nsplit = triton.cdiv(vocab, chunk)
     stats = torch.empty(rows, nsplit, 4, dtype=torch.float32, device=device)
     totals = torch.empty(rows, nsplit, dtype=torch.float64, device=device)
     hist = torch.empty(rows, PASSES, nsplit, BINS, dtype=torch.float64, device=device)
@@ -280,6 +284,7 @@ def typical_bounds_kernel(
              "DIGIT_BITS": DIGIT_BINS.bit_length() - 1, "LEVELS": LEVELS,
              "SPLIT_P2": triton.next_power_of_2(nsplit), "BLOCK": _block(vocab),
              "HIST_BLOCK": _block(vocab, HIST_BLOCK), "CHUNK": CHUNK, "num_warps": 8}  # fmt: skip
+    fixed |= tuning
     args = (logits, logits.stride(0), vocab, mass, stats, totals, hist, below, low, high)
     for p in range(2 + PASSES):
         _typical_pass_kernel[(rows, nsplit)](*args, PASS=p, **fixed)

@@ -24,6 +24,7 @@ from vllm import SamplingParams
 
 from constrained.processors.functional import PENALTY_LIMIT_LOGIT
 from tests.v2_real.harness import Plan, Req, V2Runner, sample_step, tensor_bytes
+from tests.v2_real.sync_guard import row_hashes
 
 SCENARIOS: dict[str, Callable[[], dict]] = {}
 
@@ -31,6 +32,13 @@ SCENARIOS: dict[str, Callable[[], dict]] = {}
 def scenario(fn: Callable[[], dict]) -> Callable[[], dict]:
     SCENARIOS[fn.__name__] = fn
     return fn
+
+
+def own_draws(seed: int) -> torch.Generator:
+    """A scenario's random logits come from a generator of its own: vLLM's set-up and a GPU's
+    first kernels draw from torch's global one (once per process), which made a GPU's walk
+    differ from the CPU's and the second of two ranks' logits differ from the first's."""
+    return torch.Generator().manual_seed(seed)
 
 
 def check(condition: bool, message: str) -> None:
@@ -290,7 +298,7 @@ def run_twins(
     own fields; same prompt, same plans, same logits rows, same committed tokens), a solo with
     a window or scope of ours (checked against ``penalised``), or a plain request."""
     rng = random.Random(seed)
-    torch.manual_seed(seed)
+    draws = own_draws(seed)
     vocab = BUILTIN_VOCAB
     started = time.monotonic()
     config = harness.make_vllm_config(capacity, num_spec, 256, 512)
@@ -388,8 +396,9 @@ def run_twins(
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, vocab) * 3
-        logits[:, top] = 4.0 + torch.rand(step.num_rows)  # positive: repetition would divide
+        logits = torch.randn(step.num_rows, vocab, generator=draws) * 3
+        # positive: repetition would divide
+        logits[:, top] = 4.0 + torch.rand(step.num_rows, generator=draws)
         rows_of = {req.req_id: step.rows_of(req) for req in step.reqs}
         scheduled = [(kind, reqs) for kind, reqs in active if reqs[0].req_id in rows_of]
         for kind, reqs in scheduled:
@@ -561,7 +570,7 @@ def grammar_runner(seed: int) -> tuple[random.Random, V2Runner, Any]:
     from constrained.tiny_model import build_tiny_model
 
     rng = random.Random(seed)
-    torch.manual_seed(seed)
+    draws = own_draws(seed)
     config = harness.make_vllm_config(GRAMMAR_CAPACITY, GRAMMAR_SPEC, 512, 1024)
     check(config.model_config.get_vocab_size() == WIDTH, "the tiny model's width moved")
     runner = V2Runner(
@@ -572,6 +581,7 @@ def grammar_runner(seed: int) -> tuple[random.Random, V2Runner, Any]:
         max_model_len=512,
         max_num_batched_tokens=1024,
     )
+    runner.draws = draws
     return rng, runner, Reference(load_vocab(str(build_tiny_model()), WIDTH))
 
 
@@ -670,7 +680,7 @@ def grammar_masks() -> dict:
                     req.params.extra_args,
                 )
                 last_in_slot[req.slot] = req.params.extra_args
-        logits = torch.randn(step.num_rows, WIDTH)
+        logits = torch.randn(step.num_rows, WIDTH, generator=runner.draws)
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         stats["plain_only_steps"] += plain_only
         for row in step.rows:
@@ -793,7 +803,7 @@ def penalty_scope() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, WIDTH) * 3
+        logits = torch.randn(step.num_rows, WIDTH, generator=runner.draws) * 3
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2]))
         for row in step.rows:
             req = row.req
@@ -951,7 +961,7 @@ def budget_closing() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, WIDTH)
+        logits = torch.randn(step.num_rows, WIDTH, generator=runner.draws)
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         for row in step.rows:
             req = row.req
@@ -1078,8 +1088,8 @@ def reasoning() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, WIDTH)
-        logits[:, marker[0]] += 6.0 * (torch.rand(step.num_rows) < 0.2)
+        logits = torch.randn(step.num_rows, WIDTH, generator=runner.draws)
+        logits[:, marker[0]] += 6.0 * (torch.rand(step.num_rows, generator=runner.draws) < 0.2)
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         for row in step.rows:
             req = row.req
@@ -1136,7 +1146,7 @@ def truncation_samplers() -> dict:
     os.environ["CONSTRAINED_TRUNCATION_KERNELS"] = "1"
     reset()
     rng = random.Random(3)
-    torch.manual_seed(3)
+    draws = own_draws(3)
     capacity, num_spec, vocab = 10, 2, 2048
     started = time.monotonic()
     config = harness.make_vllm_config(capacity, num_spec, 256, 512)
@@ -1180,9 +1190,9 @@ def truncation_samplers() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, vocab) * rng.choice([0.5, 2.0, 4.0])
+        logits = torch.randn(step.num_rows, vocab, generator=draws) * rng.choice([0.5, 2.0, 4.0])
         for r in range(step.num_rows):
-            logits[r, torch.randint(vocab, (rng.randint(0, 4),))] += 6.0
+            logits[r, torch.randint(vocab, (rng.randint(0, 4),), generator=draws)] += 6.0
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         for row in step.rows:
             req, raw = row.req, logits[row.index]
@@ -1244,7 +1254,7 @@ def ngram_sampler() -> dict:
     os.environ["CONSTRAINED_TRUNCATION_KERNELS"] = "1"
     reset()
     rng = random.Random(9)
-    torch.manual_seed(9)
+    draws = own_draws(9)
     capacity, num_spec, vocab = 10, 3, 64
     started = time.monotonic()
     config = harness.make_vllm_config(capacity, num_spec, 256, 512)
@@ -1293,7 +1303,7 @@ def ngram_sampler() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, vocab)
+        logits = torch.randn(step.num_rows, vocab, generator=draws)
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         for row in step.rows:
             req, raw = row.req, logits[row.index]
@@ -1348,7 +1358,7 @@ def dry_sampler() -> dict:
     from constrained.processors.dry import DryProcessor
 
     rng = random.Random(13)
-    torch.manual_seed(13)
+    draws = own_draws(13)
     capacity, num_spec, vocab = 10, 3, 48
     started = time.monotonic()
     config = harness.make_vllm_config(capacity, num_spec, 256, 512)
@@ -1402,7 +1412,7 @@ def dry_sampler() -> dict:
         if not plans:
             continue
         step = runner.prepare(plans)
-        logits = torch.randn(step.num_rows, vocab) * 3
+        logits = torch.randn(step.num_rows, vocab, generator=draws) * 3
         processed = runner.process(step, logits.clone(), rng.choice([None, None, 2, 4]))
         for row in step.rows:
             req, raw = row.req, logits[row.index]
@@ -1484,7 +1494,7 @@ def tensor_parallel_ranks() -> dict:
 
     def one_rank() -> tuple[list[torch.Tensor], dict]:
         rng = random.Random(21)
-        torch.manual_seed(21)
+        draws = own_draws(21)
         config = harness.make_vllm_config(capacity, num_spec, 256, 512)
         runner = V2Runner(
             config,
@@ -1498,7 +1508,8 @@ def tensor_parallel_ranks() -> dict:
         reqs: list[Req] = []
         parked: list[Req] = []
         ids = iter(range(1, 1 << 30))
-        processed_steps = []
+        processed_steps, traces = [], []
+        runner.sync_guard.trace = []
 
         def make() -> Req:
             return Req(f"r{next(ids)}", options(rng), random_tokens(rng, rng.randint(2, 20), 5000))
@@ -1514,9 +1525,13 @@ def tensor_parallel_ranks() -> dict:
             if not plans:
                 continue
             step = runner.prepare(plans)
-            logits = torch.randn(step.num_rows, WIDTH) * 3.0
+            logits = torch.randn(step.num_rows, WIDTH, generator=draws) * 3.0
+            runner.sync_guard.trace.clear()
             processed = runner.process(step, logits.clone(), rng.choice([None, None, 3]))
             processed_steps.append(processed.clone())
+            traces.append(
+                (row_hashes(logits), list(runner.sync_guard.trace), [r.req for r in step.rows])
+            )
             for row in step.rows:
                 extra = row.req.params.extra_args or {}
                 seen["rows"] += 1
@@ -1525,20 +1540,42 @@ def tensor_parallel_ranks() -> dict:
                 seen["unseeded_xtc_rows"] += bool(extra.get("xtc_probability")) and (
                     row.req.params.seed is None)  # fmt: skip
             runner.commit(step, sample_step(step, processed, rng))
+        runner.sync_guard.trace = None
         seen.update(vars(runner.counters))
         seen.update(runner.sync_guard.counts())
-        return processed_steps, seen
+        return processed_steps, traces, seen
 
-    first, stats = one_rank()
-    second, _ = one_rank()
+    first, first_traces, stats = one_rank()
+    second, second_traces, _ = one_rank()
     check(len(first) == len(second), f"ranks ran {len(first)} and {len(second)} steps")
     for i, (a, b) in enumerate(zip(first, second, strict=True)):
         rows = (a != b) & ~(a.isnan() & b.isnan())
         where = rows.any(dim=1).nonzero().flatten().tolist()
-        check(not bool(rows.any()), f"step {i}: ranks differ in rows {where}")
+        if where:
+            why = rank_difference(first_traces[i], second_traces[i], where[0], a, b)
+            check(False, f"step {i}: ranks differ in rows {where}; {why}")
     stats["compared_steps"] = len(first)
     stats["setup_seconds"] = round(time.monotonic() - started, 1)
     return stats
+
+
+def rank_difference(first: tuple, second: tuple, row: int, a: torch.Tensor, b: torch.Tensor) -> str:
+    """Where two ranks' row first parted: the input, or the first processor whose output
+    differs (from ``SyncGuard.trace``), with the row's options and a few differing entries."""
+    (inputs_a, trace_a, reqs), (inputs_b, trace_b, _) = first, second
+    req = reqs[row]
+    where = "the input logits" if inputs_a[row] != inputs_b[row] else "no processor"
+    for k, ((name, hashes_a), (name_b, hashes_b)) in enumerate(zip(trace_a, trace_b, strict=False)):
+        if where == "no processor" and (name != name_b or hashes_a[row] != hashes_b[row]):
+            where = f"{name} (after {[n for n, _ in trace_a[:k]]})"
+    ids = ((a[row] != b[row]) & ~(a[row].isnan() & b[row].isnan())).nonzero().flatten()
+    samples = [(int(t), float(a[row, t]), float(b[row, t])) for t in ids[:6]]
+    return (
+        f"first differs after {where}; request {req.req_id} seed {req.params.seed} "
+        f"temperature {req.params.temperature} {req.params.extra_args}; {ids.numel()} entries "
+        f"differ, e.g. (id, first, second) {samples}; -inf: {int(a[row].isinf().sum())} vs "
+        f"{int(b[row].isinf().sum())}"
+    )
 
 
 def main(argv: list[str]) -> int:

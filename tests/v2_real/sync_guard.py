@@ -61,6 +61,9 @@ class SyncGuard(TorchFunctionMode):
         self.fetches = 0
         self.max_fetches_per_call = 0
         self.where = ""
+        # When a list: each apply call appends (processor, its output rows' bit hashes), so a
+        # scenario can say which processor first made two runs differ (tensor_parallel_ranks).
+        self.trace: list[tuple[str, list[int]]] | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         name = getattr(func, "__name__", "")
@@ -104,6 +107,8 @@ class SyncGuard(TorchFunctionMode):
             if method == "apply":
                 self.calls += 1
                 self.max_fetches_per_call = max(self.max_fetches_per_call, self.fetches - before)
+                if self.trace is not None and isinstance(out, torch.Tensor):
+                    self.trace.append((type(proc).__name__, row_hashes(out)))
             return out
 
         return run
@@ -135,3 +140,10 @@ class SyncGuard(TorchFunctionMode):
             "host_fetches": self.fetches,
             "max_fetches_per_apply": self.max_fetches_per_call,
         }
+
+
+def row_hashes(logits: torch.Tensor) -> list[int]:
+    """Each row's float32 bits folded into one integer (equal rows, equal hashes)."""
+    bits = logits.detach().float().contiguous().view(torch.int32).to(torch.int64)
+    weights = torch.arange(1, bits.shape[1] + 1, device=bits.device, dtype=torch.int64)
+    return ((bits * weights).sum(dim=1) ^ bits.sum(dim=1)).cpu().tolist()
