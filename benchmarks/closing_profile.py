@@ -24,10 +24,16 @@ it on (inclusive: a walk inside a sort counts in both):
 - ``checks`` / ``walks``: every token check, and the walks checks end in
   (``Checker.check`` / ``Checker._walked``).
 
+``--tool-pairs N``: instead of schemas, N ``tool_choice: "required"`` requests over pairs
+of Glaive tools (``benchmarks.tool_calls_cold``'s), each the structural tag vLLM's hermes
+parser builds for them (its own ``get_hermes_structural_tag``).
+
 Writes ``closing_profile.json`` and ``closing_profile.png`` under ``--out``.
 
     python -m benchmarks.closing_profile                       # 64 drawn, budget 64
     python -m benchmarks.closing_profile --schemas 8 --steps 8 --rounds 1 --out /tmp/cp_smoke
+    python -m benchmarks.closing_profile --tool-pairs 8 --budget 160 --steps 120 \
+        --out benchmarks/results/closing_profile_tools
 """
 
 from __future__ import annotations
@@ -100,15 +106,18 @@ class PartClock:
         return timed
 
 
-def admitted(names: list[str], texts: dict[str, str], vocab: Any, budget: int) -> list[str]:
-    """The schemas that compile and have a completion within ``budget`` (end included)."""
+def admitted(
+    names: list[str], texts: dict[str, str], vocab: Any, budget: int, kind: str
+) -> list[str]:
+    """The ``kind`` constraints that compile and have a completion within ``budget`` (end
+    included)."""
     from constrained.grammars import GrammarSpec, compile_now
     from constrained.grammars.closing import find_witness
 
     kept = []
     for name in names:
         try:
-            matcher = compile_now(GrammarSpec("json_schema", texts[name]), vocab).matcher()
+            matcher = compile_now(GrammarSpec(kind, texts[name]), vocab).matcher()
         except Exception:  # a schema no backend takes: refused at admission
             continue
         if find_witness(matcher, vocab, budget - 1) is not None:
@@ -136,8 +145,8 @@ def run(proc_args: tuple, names: list[str], params: Callable, vocab: Any, steps:
     return 1e3 * seconds / steps
 
 
-def profile(model_dir: pathlib.Path, names: list[str], schemas: dict, budget: int, steps: int,
-            rounds: int) -> dict:  # fmt: skip
+def profile(model_dir: pathlib.Path, names: list[str], texts: dict[str, str], kind: str,
+            budget: int, steps: int, rounds: int) -> dict:  # fmt: skip
     import torch
     from transformers import AutoConfig
     from vllm import SamplingParams
@@ -147,14 +156,13 @@ def profile(model_dir: pathlib.Path, names: list[str], schemas: dict, budget: in
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size
     vocab = load_vocab(str(model_dir), width)
-    texts = {n: json.dumps(schemas[n]) for n in names}
-    batch = admitted(names, texts, vocab, budget)
+    batch = admitted(names, texts, vocab, budget, kind)
     config = fake_vllm_config(len(batch), width, model_dir)
     proc_args = (config, torch.device("cpu"), False)
 
     def params_for(closes: bool) -> Callable:
         def params(name: str) -> Any:
-            extra = {"json_schema": texts[name], "close_at_max_tokens": closes}
+            extra = {kind: texts[name], "close_at_max_tokens": closes}
             return SamplingParams(temperature=1.0, max_tokens=budget, extra_args=extra)
 
         return params
@@ -180,6 +188,7 @@ def profile(model_dir: pathlib.Path, names: list[str], schemas: dict, budget: in
         clock.uninstall()
     median = {k: statistics.median(v) for k, v in step.items()}
     return {
+        "kind": kind,
         "batch": len(batch),
         "budget": budget,
         "steps": steps,
@@ -189,6 +198,23 @@ def profile(model_dir: pathlib.Path, names: list[str], schemas: dict, budget: in
         "part_calls_per_step": {k: statistics.median(v) for k, v in calls.items()},
         "rounds": {"processor": step, "parts": parts},
     }
+
+
+def tool_pair_tags(maskbench: pathlib.Path, pairs: int, seed: int) -> dict[str, str]:
+    """``pairs`` structural tags, each what vLLM's hermes parser asks for when a request
+    offers two Glaive tools with ``tool_choice: "required"``."""
+    from vllm.tool_parsers.structural_tag_registry import get_hermes_structural_tag
+    from xgrammar.openai_tool_call_schema import FunctionToolParam
+
+    from benchmarks.tool_calls_cold import candidates, make_tool
+
+    tools = [FunctionToolParam.model_validate(make_tool(maskbench, f))
+             for f in candidates(maskbench, seed)[: 2 * pairs]]  # fmt: skip
+    tags = {}
+    for i in range(0, len(tools) - 1, 2):
+        tag = get_hermes_structural_tag(tools[i : i + 2], [], "required", False)
+        tags[f"pair{i // 2}"] = tag.model_dump_json()
+    return tags
 
 
 def plot(record: dict, path: pathlib.Path) -> None:
@@ -208,8 +234,9 @@ def plot(record: dict, path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.barh(labels[::-1], values[::-1], color=colours[::-1])
     ax.set_xlabel("thread CPU ms per step (median of rounds)")
+    what = "tool pairs" if result.get("kind") == "structural_tag" else "MaskBench schemas"
     ax.set_title(
-        f"Closing's parts: {result['batch']} MaskBench schemas at max_tokens "
+        f"Closing's parts: {result['batch']} {what} at max_tokens "
         f"{result['budget']}, V1 processor alone"
     )
     fig.tight_layout()
@@ -224,14 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=64)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tool-pairs", type=int, default=0,
+                        help="hermes `required` tags over pairs of Glaive tools")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path,
                         default=pathlib.Path("benchmarks/results/closing_profile"))  # fmt: skip
     args = parser.parse_args(argv)
     from constrained.tiny_model import build_tiny_model
 
-    names = draw(args.maskbench, args.schemas, args.seed)
-    schemas = {n: load_schema(args.maskbench, n) for n in names}
-    result = profile(build_tiny_model(), names, schemas, args.budget, args.steps, args.rounds)
+    if args.tool_pairs:
+        kind, texts = "structural_tag", tool_pair_tags(args.maskbench, args.tool_pairs, args.seed)
+    else:
+        names = draw(args.maskbench, args.schemas, args.seed)
+        kind = "json_schema"
+        texts = {n: json.dumps(load_schema(args.maskbench, n)) for n in names}
+    result = profile(build_tiny_model(), list(texts), texts, kind, args.budget, args.steps,
+                     args.rounds)  # fmt: skip
     record = {
         "command": "python -m benchmarks.closing_profile " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),

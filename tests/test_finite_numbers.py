@@ -261,3 +261,79 @@ def test_structural_tags_keep_the_rule_in_their_json_parts_only(vocab):
         rest = encode("}}\n</tool_call>", add_special_tokens=False)
         assert matcher.consume(rest) and matcher.accepts_end(), text
         assert matcher.states[-1].mode == FREE_START.mode
+
+
+def test_free_text_finds_each_begin_where_a_plain_search_does():
+    """In a tag's free text the state keeps only the text's longest end that a ``begin``
+    starts with: over generated texts (pieces of the begins, overlapping ones, noise), fed
+    in random chunks, JSON starts exactly after the first end of a ``begin`` that a plain
+    search finds, and a chunk without a begin's first byte leaves the state as it was."""
+    from constrained.schema.finite_numbers import FREE, FREE_START, OUT
+
+    rng = random.Random(55)
+    opens_sets = [
+        (b'<tool_call>\n{"name": "f", "arguments": ', b'<tool_call>{"name": "f", "arguments": '),
+        (b"aab", b"ab"),  # one begin inside another
+        (b"abab", b"babb"),  # overlapping repeats
+    ]
+    for opens in opens_sets:
+        atoms = [b[: rng.randint(1, len(b))] for b in opens for _ in range(4)]
+        atoms += [b"x", b" ", b"\n", b"<", b"a", b"b", b"{"]
+        for _ in range(400):
+            text = b"".join(rng.choice(atoms) for _ in range(rng.randint(1, 12)))
+            ends = [text.find(b) + len(b) for b in opens if b in text]
+            first = min(ends, default=None)
+            state, fed, begun_at = FREE_START, 0, None
+            while fed < len(text) and begun_at is None:
+                chunk = text[fed : fed + rng.randint(1, 5)]
+                for i in range(len(chunk)):  # byte by byte: where JSON starts
+                    state, ok = advance(state, chunk[i : i + 1], opens)
+                    assert ok
+                    if state.mode != FREE:
+                        begun_at = fed + i + 1
+                        break
+                fed += len(chunk)
+            assert begun_at == first, (opens, text)
+            assert begun_at is None or state.mode == OUT
+        firsts = {b[0] for b in opens}
+        for _ in range(200):
+            chunk = bytes(rng.choice(b"xyz <{ab\n") for _ in range(rng.randint(1, 6)))
+            if firsts.isdisjoint(chunk):
+                assert advance(FREE_START, chunk, opens) == (FREE_START, True)
+
+
+class _Forgetful(dict):
+    """A memo that keeps nothing: every answer worked out anew."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def test_a_grammars_memo_answers_as_the_rule_does(vocab):
+    """The memo all matchers of a grammar share (``advance`` per state and token, whole runs
+    for ``completes``) answers as working each out anew does: over random walks on a
+    hermes-like tag, one after another on the same grammar (so earlier walks' entries serve
+    later ones), every row, every ``completes`` of a few tokens ahead and every state."""
+    compiled = compile_now(GrammarSpec("structural_tag", HERMES_LIKE, backend="xgrammar"), vocab)
+    anew = FiniteGrammar(compiled.inner, vocab, compiled.opens)
+    anew.steps, anew.runs = _Forgetful(), _Forgetful()
+    rng = random.Random(7)
+    encode = vocab.hf_tokenizer.encode
+    opener = encode('<tool_call>\n{"name": "f", "arguments": ', add_special_tokens=False)
+    for walk in range(8):  # free text, the tag's begin (whole, or cut short), then at random
+        ours, theirs = compiled.matcher(), anew.matcher()
+        free = encode(rng.choice(["", "Say 1e9 ", "ok "]), add_special_tokens=False)
+        for token in free + opener[: len(opener) if walk % 4 else rng.randrange(len(opener))]:
+            assert ours.consume([token]) and theirs.consume([token])
+            assert ours.states == theirs.states
+        for _ in range(60):
+            allowed = sorted(row(theirs, vocab))
+            assert sorted(row(ours, vocab)) == allowed and allowed
+            ahead = [rng.choice(allowed) for _ in range(rng.randint(1, 3))]
+            assert ours.completes(ahead) == theirs.completes(ahead)
+            token = ahead[0]
+            if token == vocab.eos_token_id:
+                break
+            assert ours.consume([token]) and theirs.consume([token])
+            assert ours.states == theirs.states
+    assert compiled.steps and compiled.runs and not anew.steps

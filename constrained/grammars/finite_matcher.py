@@ -35,6 +35,7 @@ import numpy as np
 from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
 from constrained.grammars.structural_tag import json_openers
 from constrained.schema.finite_numbers import (
+    FREE,
     FREE_START,
     NUMBER,
     OUT,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 BROKEN = "a number a double cannot hold (it would read as infinite)"
+STEPS_KEPT = 1 << 15  # a grammar's memo of ``advance``: at most this many (state, token)
 
 
 def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
@@ -75,11 +77,23 @@ def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
     return vocab._once("finite_numbers_tagged", spelled)
 
 
-def _keeps(table: NumberTokens, state: NumberState, tagged: bool) -> list[bool] | None:
-    """Which tokens leave ``state`` as it is (``None``: look at each token's bytes)."""
+def free_keeps(vocab: Vocab, opens: tuple[bytes, ...]) -> list[bool]:
+    """Per token: it leaves a tag's free text with no ``begin`` under way as it is (none of
+    its bytes starts a ``begin``), built once per vocabulary and set of first bytes."""
+    firsts = frozenset(begin[0] for begin in opens if begin)
+    pieces = tokens_of(vocab, tagged=True).pieces
+    key = "finite_free_" + bytes(sorted(firsts)).hex()
+    return vocab._once(key, lambda: [firsts.isdisjoint(piece) for piece in pieces])
+
+
+def _keeps(table: NumberTokens, state: NumberState, free: list[bool] | None) -> list[bool] | None:
+    """Which tokens leave ``state`` as it is (``None``: look at each token's bytes);
+    ``free``: a structural tag's ``free_keeps`` (``None``: one JSON document)."""
     if state.mode == OUT:
-        return table.keeps_tagged_out if tagged else table.keeps_out
-    return table.keeps_string if state.mode == STRING else None
+        return table.keeps_out if free is None else table.keeps_tagged_out
+    if state.mode == STRING:
+        return table.keeps_string
+    return free if state.mode == FREE and not state.tail else None
 
 
 class FiniteGrammar:
@@ -91,10 +105,17 @@ class FiniteGrammar:
         self.opens = opens  # a structural tag's JSON parts' begins (empty: one document)
         self.backend = inner.backend
         self.history = getattr(inner, "history", False)
-        tokens_of(vocab, bool(opens))  # built here, in a compile thread, not at a mask fill
+        # built here, in a compile thread, not at a mask fill
+        self.tokens = tokens_of(vocab, bool(opens))
+        self.free = free_keeps(vocab, opens) if opens else None
+        #: ``advance`` of a token from a state, for every matcher of this grammar: closing's
+        #: checks walk the same few states and tokens again and again
+        self.steps: dict[tuple[NumberState, int], tuple[NumberState, bool]] = {}
+        #: whether every token of a run from a state keeps the rule (``completes``)
+        self.runs: dict[tuple[NumberState, tuple[int, ...]], bool] = {}
 
     def matcher(self) -> FiniteMatcher:
-        return FiniteMatcher(self.inner.matcher(), self.vocab, self.opens)
+        return FiniteMatcher(self.inner.matcher(), self)
 
 
 def with_finite_numbers(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
@@ -107,32 +128,37 @@ def with_finite_numbers(spec: GrammarSpec, grammar: Any, vocab: Vocab) -> Any:
 class FiniteMatcher(MatcherWrapper):
     """One request: the backend's matcher and where its JSON text's numbers stand."""
 
-    def __init__(self, inner: Matcher, vocab: Vocab, opens: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, inner: Matcher, grammar: FiniteGrammar) -> None:
         super().__init__(inner)
-        self.tokens = tokens_of(vocab, bool(opens))
-        self.eos = vocab.eos_token_id
-        self.opens = opens
+        self.tokens, self.free = grammar.tokens, grammar.free
+        self.steps, self.runs = grammar.steps, grammar.runs
+        self.eos = grammar.vocab.eos_token_id
+        self.opens = grammar.opens
         #: the state after each consumed token
-        self.states: list[NumberState] = [FREE_START if opens else START]
+        self.states: list[NumberState] = [FREE_START if self.opens else START]
 
     def _kept(self, tokens: Sequence[int], count: int) -> int:
         """How many of the first ``count`` of ``tokens``, in order, keep every number finite
         from here; their states are appended to ``states``."""
-        table, states = self.tokens, self.states
+        table, states, steps, free = self.tokens, self.states, self.steps, self.free
         state = states[-1]
         # most tokens leave the state as it was, known without a look at their bytes
-        opens = self.opens
-        keeps = _keeps(table, state, bool(opens))
+        keeps = _keeps(table, state, free)
         for taken in range(count):
             token = tokens[taken]
             if keeps is not None and (token >= len(keeps) or keeps[token]):
                 states.append(state)
                 continue
-            state, ok = advance(state, table.pieces[token], opens)
+            step = steps.get((state, token))
+            if step is None:
+                step = advance(state, table.pieces[token], self.opens)
+                if len(steps) < STEPS_KEPT:
+                    steps[(state, token)] = step
+            state, ok = step
             if not ok:
                 return taken
             states.append(state)
-            keeps = _keeps(table, state, bool(opens))
+            keeps = _keeps(table, state, free)
         return count
 
     def consume(self, tokens: Sequence[int]) -> bool:
@@ -165,9 +191,16 @@ class FiniteMatcher(MatcherWrapper):
     def completes(self, tokens: Sequence[int]) -> bool:
         if self.error is not None:
             return False
-        kept = self._kept(tokens, len(tokens))
-        del self.states[len(self.states) - kept :]
-        return kept == len(tokens) and self.inner.completes(tokens)
+        # closing checks the same completions from the same states again and again
+        key = (self.states[-1], tuple(tokens))
+        whole = self.runs.get(key)
+        if whole is None:
+            before = len(self.states)
+            whole = self._kept(tokens, len(tokens)) == len(tokens)
+            del self.states[before:]
+            if len(self.runs) < STEPS_KEPT:
+                self.runs[key] = whole
+        return whole and self.inner.completes(tokens)
 
     def accepted(self, tokens: Sequence[int]) -> int:
         if self.error is not None:

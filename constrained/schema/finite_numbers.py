@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -58,8 +59,9 @@ _RISKY = re.compile(rb"[0-9]\.?[0-9]*[eE]\+?[0-9]{3}|[0-9]{309}")
 class NumberState:
     """Where the text stands: ``mode`` (``OUT``, ``STRING``, ``ESCAPE``, ``NUMBER``; ``FREE``:
     outside JSON, in a structural tag's free text), in a number its bytes so far, and in a
-    tagged text the JSON value's nesting (``depth``) or, outside it, the free text's last
-    bytes (``tail``, to find a tag's ``begin``)."""
+    tagged text the JSON value's nesting (``depth``) or, outside it, the free text's longest
+    end that a tag's ``begin`` starts with (``tail``: all a ``begin`` still to come can
+    depend on, so most free text leaves the state as it was)."""
 
     mode: int = OUT
     number: bytes = b""
@@ -91,11 +93,10 @@ def advance(
     the text is free outside those values (``FREE``). Empty: the text is one JSON document.
     """
     mode, number, depth, tail = state.mode, bytearray(state.number), state.depth, state.tail
-    longest = max(map(len, opens), default=0)
     for byte in data:
         if mode == FREE:
-            tail = (tail + bytes((byte,)))[-longest:]
-            if any(tail.endswith(begin) for begin in opens):
+            tail, begun = _free_tail(tail, byte, opens)
+            if begun:
                 mode, depth, tail = OUT, 0, b""
             continue
         if mode == STRING:
@@ -116,7 +117,10 @@ def advance(
             number.clear()
             mode = OUT
             if opens and depth == 0:  # the value was this number: free text again
-                mode, tail = FREE, bytes((byte,))[-longest:]
+                mode = FREE
+                tail, begun = _free_tail(b"", byte, opens)
+                if begun:
+                    mode, depth, tail = OUT, 0, b""
                 continue
         if byte == _QUOTE:  # OUT
             mode = STRING
@@ -133,6 +137,24 @@ def advance(
         kept = bytes(number)
         return NumberState(NUMBER, kept, depth), finite(kept)
     return NumberState(mode, b"", depth, tail), True
+
+
+def _free_tail(tail: bytes, byte: int, opens: tuple[bytes, ...]) -> tuple[bytes, bool]:
+    """Free text's ``tail`` after ``byte`` (its longest end that some ``begin`` starts with),
+    and whether the text now ends with a ``begin``."""
+    starts, lasts = _begins(opens)
+    tail += bytes((byte,))
+    while tail and tail not in starts:
+        tail = tail[1:]
+    # a begin the text ends with is an end of it that a begin starts with: within the tail
+    return tail, byte in lasts and any(tail.endswith(begin) for begin in opens)
+
+
+@functools.cache
+def _begins(opens: tuple[bytes, ...]) -> tuple[frozenset[bytes], frozenset[int]]:
+    """Every non-empty start of a ``begin``, and the bytes a ``begin`` ends with."""
+    starts = frozenset(begin[:n] for begin in opens for n in range(1, len(begin) + 1))
+    return starts, frozenset(begin[-1] for begin in opens if begin)
 
 
 def may_break(state: NumberState, most_digits: int) -> bool:
