@@ -57,7 +57,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 BROKEN = "a number a double cannot hold (it would read as infinite)"
-STEPS_KEPT = 1 << 15  # a grammar's memo of ``advance``: at most this many (state, token)
+# A grammar's memos hold at most this many entries each, then start again (the states in
+# use now): bounded memory for a long-lived grammar (~0.5 MB each), and closing's checks
+# meet the same few states within a step
+STEPS_KEPT = 2048
 
 
 def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
@@ -152,8 +155,9 @@ class FiniteMatcher(MatcherWrapper):
             step = steps.get((state, token))
             if step is None:
                 step = advance(state, table.pieces[token], self.opens)
-                if len(steps) < STEPS_KEPT:
-                    steps[(state, token)] = step
+                if len(steps) >= STEPS_KEPT:
+                    steps.clear()
+                steps[(state, token)] = step
             state, ok = step
             if not ok:
                 return taken
@@ -198,8 +202,9 @@ class FiniteMatcher(MatcherWrapper):
             before = len(self.states)
             whole = self._kept(tokens, len(tokens)) == len(tokens)
             del self.states[before:]
-            if len(self.runs) < STEPS_KEPT:
-                self.runs[key] = whole
+            if len(self.runs) >= STEPS_KEPT:
+                self.runs.clear()
+            self.runs[key] = whole
         return whole and self.inner.completes(tokens)
 
     def accepted(self, tokens: Sequence[int]) -> int:
