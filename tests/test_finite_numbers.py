@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import random
 import zlib
 
@@ -337,3 +338,57 @@ def test_a_grammars_memo_answers_as_the_rule_does(vocab):
             assert ours.consume([token]) and theirs.consume([token])
             assert ours.states == theirs.states
     assert compiled.steps and compiled.runs and not anew.steps
+
+
+def _finite_everywhere(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite_everywhere(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite_everywhere(v) for v in value)
+    return True
+
+
+def test_tool_call_walks_over_glaive_tools_end_parsing_and_finite(vocab):
+    """Uniform random walks, closing on at ``max_tokens`` 160, through the structural tag
+    vLLM's hermes parser builds for ``tool_choice: "required"`` over pairs of real tools
+    (MaskBench's Glaive function schemas, a sample of 12 pairs; arguments strict, as our
+    routing makes them): every walk ends with end-of-sequence, and every call in it parses,
+    names one of its tools, and has arguments valid against that tool's schema in which
+    every number is a finite double."""
+    import re
+
+    import jsonschema
+
+    from benchmarks.closing_profile import tool_pair_tags
+    from constrained.grammars.closing_matcher import closing_layer
+    from constrained.openai_routing import strict_arguments
+    from tests.closing_walk import walk
+
+    maskbench = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
+    tags = tool_pair_tags(maskbench, 12, 0)
+    assert len(tags) == 12
+    pieces = tokens_of(vocab, tagged=True).pieces
+    bitmask = torch.zeros(2, words_for(WIDTH), dtype=torch.int32)
+    rng = random.Random(55)
+    calls = 0
+    for name, text in tags.items():
+        tools = {
+            t["begin"].split('"name": "')[1].split('"')[0]: t["content"]["json_schema"]
+            for t in json.loads(text)["format"]["tags"]
+        }
+        compiled = compile_now(GrammarSpec("structural_tag", strict_arguments(text)), vocab)
+        for _ in range(2):
+            done = walk(closing_layer(compiled, vocab, 160), vocab, bitmask, rng, 160)
+            assert done.ended == "eos", (name, done.ended)
+            written = b"".join(pieces[t] for t in done.tokens).decode()
+            found = re.findall(r"<tool_call>\n?(.*?)\n?</tool_call>", written, re.S)
+            assert found and "".join(found) != "", (name, written)
+            for body in found:
+                call = json.loads(body)
+                assert call["name"] in tools, (name, body)
+                jsonschema.validate(call["arguments"], tools[call["name"]])
+                assert _finite_everywhere(call["arguments"]), (name, body)
+                calls += 1
+    assert calls >= 24
