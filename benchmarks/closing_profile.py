@@ -145,8 +145,8 @@ def run(proc_args: tuple, names: list[str], params: Callable, vocab: Any, steps:
     return 1e3 * seconds / steps
 
 
-def profile(model_dir: pathlib.Path, names: list[str], texts: dict[str, str], kind: str,
-            budget: int, steps: int, rounds: int) -> dict:  # fmt: skip
+def profile(model_dir: pathlib.Path, texts: dict[str, str], kind: str, budget: int,
+            steps: int, rounds: int) -> dict:  # fmt: skip
     import torch
     from transformers import AutoConfig
     from vllm import SamplingParams
@@ -156,7 +156,7 @@ def profile(model_dir: pathlib.Path, names: list[str], texts: dict[str, str], ki
 
     width = AutoConfig.from_pretrained(model_dir).vocab_size
     vocab = load_vocab(str(model_dir), width)
-    batch = admitted(names, texts, vocab, budget, kind)
+    batch = admitted(list(texts), texts, vocab, budget, kind)
     config = fake_vllm_config(len(batch), width, model_dir)
     proc_args = (config, torch.device("cpu"), False)
 
@@ -264,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         names = draw(args.maskbench, args.schemas, args.seed)
         kind = "json_schema"
         texts = {n: json.dumps(load_schema(args.maskbench, n)) for n in names}
-    result = profile(build_tiny_model(), list(texts), texts, kind, args.budget, args.steps,
-                     args.rounds)  # fmt: skip
+    result = profile(build_tiny_model(), texts, kind, args.budget, args.steps, args.rounds)
     record = {
         "command": "python -m benchmarks.closing_profile " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from constrained.grammars.marker import text_pieces
 from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
 from constrained.grammars.structural_tag import json_openers
 from constrained.schema.finite_numbers import (
@@ -68,16 +69,7 @@ def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
     literals may be special tokens (``<tool_call>``): those spelled as their text."""
     if not tagged:
         return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
-
-    def spelled() -> NumberTokens:
-        pieces = list(vocab.token_bytes())
-        added = vocab.tokenizer.added_tokens_decoder
-        for token in vocab.special_ids():
-            if token < len(pieces) and token in added:
-                pieces[token] = added[token].content.encode()
-        return number_tokens(pieces)
-
-    return vocab._once("finite_numbers_tagged", spelled)
+    return vocab._once("finite_numbers_tagged", lambda: number_tokens(text_pieces(vocab)))
 
 
 def free_keeps(vocab: Vocab, opens: tuple[bytes, ...]) -> list[bool]:
@@ -133,17 +125,15 @@ class FiniteMatcher(MatcherWrapper):
 
     def __init__(self, inner: Matcher, grammar: FiniteGrammar) -> None:
         super().__init__(inner)
-        self.tokens, self.free = grammar.tokens, grammar.free
-        self.steps, self.runs = grammar.steps, grammar.runs
-        self.eos = grammar.vocab.eos_token_id
-        self.opens = grammar.opens
+        self.grammar = grammar  # its tables, begins and memos
         #: the state after each consumed token
-        self.states: list[NumberState] = [FREE_START if self.opens else START]
+        self.states: list[NumberState] = [FREE_START if grammar.opens else START]
 
     def _kept(self, tokens: Sequence[int], count: int) -> int:
         """How many of the first ``count`` of ``tokens``, in order, keep every number finite
         from here; their states are appended to ``states``."""
-        table, states, steps, free = self.tokens, self.states, self.steps, self.free
+        grammar, states = self.grammar, self.states
+        table, steps, free = grammar.tokens, grammar.steps, grammar.free
         state = states[-1]
         # most tokens leave the state as it was, known without a look at their bytes
         keeps = _keeps(table, state, free)
@@ -154,7 +144,7 @@ class FiniteMatcher(MatcherWrapper):
                 continue
             step = steps.get((state, token))
             if step is None:
-                step = advance(state, table.pieces[token], self.opens)
+                step = advance(state, table.pieces[token], grammar.opens)
                 if len(steps) >= STEPS_KEPT:
                     steps.clear()
                 steps[(state, token)] = step
@@ -196,15 +186,16 @@ class FiniteMatcher(MatcherWrapper):
         if self.error is not None:
             return False
         # closing checks the same completions from the same states again and again
+        runs = self.grammar.runs
         key = (self.states[-1], tuple(tokens))
-        whole = self.runs.get(key)
+        whole = runs.get(key)
         if whole is None:
             before = len(self.states)
             whole = self._kept(tokens, len(tokens)) == len(tokens)
             del self.states[before:]
-            if len(self.runs) >= STEPS_KEPT:
-                self.runs.clear()
-            self.runs[key] = whole
+            if len(runs) >= STEPS_KEPT:
+                runs.clear()
+            runs[key] = whole
         return whole and self.inner.completes(tokens)
 
     def accepted(self, tokens: Sequence[int]) -> int:
@@ -216,10 +207,11 @@ class FiniteMatcher(MatcherWrapper):
 
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         """Clear the tokens after which the number being written would read as infinite."""
+        grammar = self.grammar
         if self.error is not None:
-            fill_only(bitmask, row, [self.eos])
+            fill_only(bitmask, row, [grammar.vocab.eos_token_id])
             return
-        state, tokens = self.states[-1], self.tokens
+        state, tokens = self.states[-1], grammar.tokens
         if state.mode != NUMBER and not tokens.risky:
             return  # (the common case: nothing here can break the rule)
         check = list(tokens.risky)
@@ -231,9 +223,10 @@ class FiniteMatcher(MatcherWrapper):
             return
         words = bitmask[row].numpy().view(np.uint32)
         before = words.copy()
+        opens = grammar.opens
         for token in check:
             bit = np.uint32(1 << (token % 32))
-            if words[token // 32] & bit and not advance(state, tokens.pieces[token], self.opens)[1]:
+            if words[token // 32] & bit and not advance(state, tokens.pieces[token], opens)[1]:
                 words[token // 32] &= ~bit
         if not words.any():  # cannot happen (finite_numbers): keep the output parsing
             words[:] = before
