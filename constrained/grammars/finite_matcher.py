@@ -185,6 +185,10 @@ class FiniteMatcher(MatcherWrapper):
     def completes(self, tokens: Sequence[int]) -> bool:
         if self.error is not None:
             return False
+        # The backend first: most of closing's tries fail there (a suffix that does not
+        # follow the token), and the rule is read only for those it accepts.
+        if not self.inner.completes(tokens):
+            return False
         # closing checks the same completions from the same states again and again
         runs = self.grammar.runs
         key = (self.states[-1], tuple(tokens))
@@ -196,7 +200,7 @@ class FiniteMatcher(MatcherWrapper):
             if len(runs) >= STEPS_KEPT:
                 runs.clear()
             runs[key] = whole
-        return whole and self.inner.completes(tokens)
+        return whole
 
     def accepted(self, tokens: Sequence[int]) -> int:
         if self.error is not None:
