@@ -165,3 +165,28 @@ def test_forced_bytes_inside_a_character_are_no_forced_tokens(vocab):
     assert matcher.forced() == []
     witness = find_witness(matcher, vocab, 16)
     assert witness is not None and matcher.completes(witness)
+
+
+def test_xgrammar_forced_tokens_are_the_forced_text_as_the_tokenizer_writes_it(vocab):
+    """xgrammar's forced tokens (``forced``: walks take them first) are its jump-forward
+    text as the served tokenizer writes it, special tokens a tag spells included
+    (``<tool_call>``), at every state of a walk to the end."""
+    for kind, source in (("structural_tag", TOOL_CALL), ("regex", "(ab)*c[0-9]{3}x"),
+                         ("json_schema", json.dumps(SHORT))):  # fmt: skip
+        matcher = grammar_of(vocab, kind, source, "xgrammar").matcher()
+        witness = find_witness(grammar_of(vocab, kind, source, "xgrammar").matcher(), vocab, 64)
+        assert witness
+        xgr = matcher
+        while not hasattr(xgr, "find_jump_forward_string"):  # the layers above, then xgrammar
+            xgr = xgr.inner
+        seen = 0
+        for token in witness:
+            text = xgr.find_jump_forward_string()
+            expected = vocab.hf_tokenizer.encode(text, add_special_tokens=False) if text else []
+            assert matcher.forced() == expected, (kind, text)
+            seen += bool(text)
+            assert matcher.consume([token])
+        assert seen, kind  # some state forced text
+    tag = grammar_of(vocab, "structural_tag", TOOL_CALL, "xgrammar").matcher()
+    call = vocab.hf_tokenizer.convert_tokens_to_ids("<tool_call>")
+    assert tag.forced()[:1] == [call]  # the call's begin: one special token

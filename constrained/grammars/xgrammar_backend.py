@@ -153,7 +153,7 @@ class XGrammarMatcher(Matcher):
         import xgrammar
 
         self.eos = grammar.vocab.eos_token_id
-        self.encode = grammar.vocab.tokenizer.encode
+        self.vocab = grammar.vocab
         self.inner = xgrammar.GrammarMatcher(grammar.compiled)  # rollback is unlimited
         self.error: str | None = None
         self.pieces, self.bytes_only = grammar.byte_view()
@@ -259,7 +259,8 @@ class XGrammarMatcher(Matcher):
             text = self.inner.find_jump_forward_string()
         except UnicodeDecodeError:
             return []
-        return list(self.encode(text, add_special_tokens=False)) if text else []
+        return self.vocab.encode(text) if text else []  # (the tokenizer's ids, kept: walks
+        # meet the same forced texts again and again)
 
 
 # vLLM's StructuredOutputManager fills more than 128 rows in a pool of half the cores (at most
