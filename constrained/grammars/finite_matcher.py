@@ -81,6 +81,14 @@ def free_keeps(vocab: Vocab, opens: tuple[bytes, ...]) -> list[bool]:
     return vocab._once(key, lambda: [firsts.isdisjoint(piece) for piece in pieces])
 
 
+def _kept_in(memo: dict, key: Any, value: Any) -> Any:
+    """``value``, kept in one of a grammar's memos under ``key`` (a full memo starts again)."""
+    if len(memo) >= STEPS_KEPT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 def _keeps(table: NumberTokens, state: NumberState, free: list[bool] | None) -> list[bool] | None:
     """Which tokens leave ``state`` as it is (``None``: look at each token's bytes);
     ``free``: a structural tag's ``free_keeps`` (``None``: one JSON document)."""
@@ -144,10 +152,9 @@ class FiniteMatcher(MatcherWrapper):
                 continue
             step = steps.get((state, token))
             if step is None:
-                step = advance(state, table.pieces[token], grammar.opens)
-                if len(steps) >= STEPS_KEPT:
-                    steps.clear()
-                steps[(state, token)] = step
+                step = _kept_in(
+                    steps, (state, token), advance(state, table.pieces[token], grammar.opens)
+                )
             state, ok = step
             if not ok:
                 return taken
@@ -195,11 +202,8 @@ class FiniteMatcher(MatcherWrapper):
         whole = runs.get(key)
         if whole is None:
             before = len(self.states)
-            whole = self._kept(tokens, len(tokens)) == len(tokens)
+            whole = _kept_in(runs, key, self._kept(tokens, len(tokens)) == len(tokens))
             del self.states[before:]
-            if len(runs) >= STEPS_KEPT:
-                runs.clear()
-            runs[key] = whole
         return whole
 
     def accepted(self, tokens: Sequence[int]) -> int:

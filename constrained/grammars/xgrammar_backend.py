@@ -259,8 +259,9 @@ class XGrammarMatcher(Matcher):
             text = self.inner.find_jump_forward_string()
         except UnicodeDecodeError:
             return []
-        return self.vocab.encode(text) if text else []  # (the tokenizer's ids, kept: walks
-        # meet the same forced texts again and again)
+        # the tokenizer's ids, through its Rust core and kept (walks meet the same forced
+        # texts again and again)
+        return self.vocab.encode(text) if text else []
 
 
 # vLLM's StructuredOutputManager fills more than 128 rows in a pool of half the cores (at most

@@ -94,6 +94,16 @@ def advance(
     """
     mode, number, depth, tail = state.mode, bytearray(state.number), state.depth, state.tail
     for byte in data:
+        if mode == NUMBER:
+            if byte in _NUMBER_BYTES:
+                number.append(byte)
+                continue
+            if not finite(bytes(number)):
+                return NumberState(OUT), False
+            number.clear()
+            # the byte after the number, read where the number leaves the text (a tag's
+            # value that was this number: free text again, from an empty ``tail``)
+            mode = FREE if opens and depth == 0 else OUT
         if mode == FREE:
             tail, begun = _free_tail(tail, byte, opens)
             if begun:
@@ -108,20 +118,6 @@ def advance(
         if mode == ESCAPE:
             mode = STRING
             continue
-        if mode == NUMBER:
-            if byte in _NUMBER_BYTES:
-                number.append(byte)
-                continue
-            if not finite(bytes(number)):
-                return NumberState(OUT), False
-            number.clear()
-            mode = OUT
-            if opens and depth == 0:  # the value was this number: free text again
-                mode = FREE
-                tail, begun = _free_tail(b"", byte, opens)
-                if begun:
-                    mode, depth, tail = OUT, 0, b""
-                continue
         if byte == _QUOTE:  # OUT
             mode = STRING
         elif byte in _NUMBER_STARTS:
