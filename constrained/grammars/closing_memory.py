@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from constrained.grammars.closing_spelling import text_and_bounds
 from constrained.grammars.token_shapes import prefix_tokens, token_finish
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class SuffixMemory:
     ``recent``: the last suffix other than the witness's that completed after a token;
     ``recent_by_class``: ... after a member of a wide row's class (a walk's, mostly: ``",``
     needs the next property, a UTF-8 lead byte its continuation). ``learnt``: the last few
-    of them, any token's, newest first, each with its token's text in ``learnt_texts``.
+    of them, any token's, newest first, each after its token in ``learnt_runs``.
     ``bridges``: what a walk took after a token (key ``-1 - token``) or a member of a class
     (its key) before the witness of its row, or its tail, completed (``\\xa1\\xa2`` after
     the UTF-8 lead byte ``\\xe0``, ``":""`` after a key): tried, with whatever witness a
@@ -46,7 +47,8 @@ class SuffixMemory:
         self.recent: dict[int, list[int]] = {}
         self.recent_by_class: dict[int, list[int]] = {}
         self.learnt: list[list[int]] = []
-        self.learnt_texts: list[bytes] = []
+        # each learnt suffix after its token, with their text and bounds (``text_and_bounds``)
+        self.learnt_runs: list[tuple[list[int], bytes, dict[int, int]]] = []
         self.bridges: OrderedDict[int, tuple[tuple[int, ...], int]] = OrderedDict()
 
     def after(self, token: int, keys: Sequence[int]) -> list[list[int]]:
@@ -63,9 +65,9 @@ class SuffixMemory:
         self._bridge(token, key, suffix, witness)
         if suffix not in self.learnt:
             self.learnt = [suffix, *self.learnt[: LEARNT - 1]]
-            pieces = self.vocab.token_bytes()
-            text = pieces[token] + b"".join(pieces[t] for t in suffix)
-            self.learnt_texts = [text, *self.learnt_texts[: LEARNT - 1]]
+            run = [token, *suffix]
+            found = (run, *text_and_bounds(self.vocab.token_bytes(), run))
+            self.learnt_runs = [found, *self.learnt_runs[: LEARNT - 1]]
 
     def remembered(self) -> set[int]:
         """The tokens (ids) a check may keep on what this request learnt of that very token
@@ -73,18 +75,19 @@ class SuffixMemory:
         the first bytes of a learnt completion's text (``realigned``)."""
         known = set(self.recent)
         known.update(-1 - key for key in self.bridges if key < 0)
-        for text in self.learnt_texts:  # (a strict prefix: ``realigned``'s condition)
+        for _, text, _ in self.learnt_runs:  # (a strict prefix: ``realigned``'s condition)
             known |= prefix_tokens(self.vocab, text, min(len(text) - 1, 47))
         return known
 
     def realigned(self, token: int, spelling: Spelling) -> Iterator[list[int]]:
         """The rest of a learnt completion's text after the token's, where the token writes
         its first bytes (``":["`` against ``":[`` ``"a"]}``: ``a"]}``), as the tokenizer
-        writes it: a walk's find serves the tokens that begin the same way."""
+        writes it (``Spelling.rest``): a walk's find serves the tokens that begin the same
+        way."""
         piece = self.vocab.token_bytes()[token]
-        for text in self.learnt_texts:
+        for run, text, bounds in self.learnt_runs:
             if len(text) > len(piece) and text.startswith(piece):
-                rest = spelling.spelt(text[len(piece) :])
+                rest = spelling.rest(run, text, bounds, len(piece))
                 if rest is not None:
                     yield rest
 

@@ -32,6 +32,16 @@ def masks_taken(found: list[int], joins: Sequence[list[int]]) -> int:
     return max(len(found) - tail, 1)
 
 
+def text_and_bounds(pieces: Sequence[bytes], tokens: Sequence[int]) -> tuple[bytes, dict[int, int]]:
+    """The tokens' text and their bounds in it: byte offset -> the fewest tokens before
+    it (a token that writes no bytes starts at the bound it shares)."""
+    text, bounds = b"", {0: 0}
+    for k, token in enumerate(tokens, start=1):
+        text += pieces[token]
+        bounds.setdefault(len(text), k)
+    return text, bounds
+
+
 class Spelling:
     """A request's witnesses as text (the vocabulary's bytes), the last one's kept."""
 
@@ -41,18 +51,39 @@ class Spelling:
         self._joins: tuple | None = None  # ``joins``'s last answer
 
     def text_of(self, witness: list[int]) -> tuple[bytes, dict[int, int]]:
-        """The witness's text and its tokens' bounds in it (byte offset -> tokens before),
-        kept for the last witness: a sort asks for every token it checks."""
+        """The witness's text and its tokens' bounds in it (byte offset -> tokens before;
+        the fewest, so a tail from a bound keeps a token that writes no bytes, a special
+        token's end), kept for the last witness: a sort asks for every token it checks."""
         kept = self._text
         if kept is not None and kept[0] is witness and kept[1] == len(witness):
             return kept[2], kept[3]
-        pieces = self.vocab.token_bytes()
-        text, bounds = b"", {0: 0}
-        for k, tok in enumerate(witness, start=1):
-            text += pieces[tok]
-            bounds[len(text)] = k
+        text, bounds = text_and_bounds(self.vocab.token_bytes(), witness)
         self._text = (witness, len(witness), text, bounds)
         return text, bounds
+
+    def rest(
+        self, tokens: Sequence[int], text: bytes, bounds: dict[int, int], at: int
+    ) -> list[int] | None:
+        """``tokens``' text (``text``, ``bounds``: ``text_and_bounds``) from byte ``at`` on,
+        as the tokenizer writes it, with each token that writes no bytes kept where it
+        stands (a special token that ends a structural tag: the text alone would lose it);
+        ``None`` where the text does not decode."""
+        pieces = self.vocab.token_bytes()
+        # the bound where the tokens after the one ``at`` falls inside begin (in text order)
+        end = at if at in bounds else next(bound for bound in bounds if bound > at)
+        spelt: list[int] = []
+        start = at
+        for token in tokens[bounds[end] :]:
+            if pieces[token]:
+                end += len(pieces[token])
+                continue
+            head = self.spelt(text[start:end]) if end > start else []
+            if head is None:
+                return None
+            spelt += [*head, token]
+            start = end
+        head = self.spelt(text[start:]) if len(text) > start else []
+        return None if head is None else [*spelt, *head]
 
     def joins(self, witness: list[int]) -> list[list[int]]:
         """What a check's walk tries to end on at every state it reaches: the witness, its
@@ -60,8 +91,8 @@ class Spelling:
         token of the witness that begins with ``,`` ``}`` ``]``): after ``":-`` the walk
         takes ``1`` and the rest of the object is the witness's own (one mask, not 70).
         Such a byte inside a token (the ``,`` of ``},"`` or ``","``) starts a tail too, its
-        text as the tokenizer writes it: a walk that took ``]}`` goes on with ``,"`` and the
-        rest (the last ``JOIN_TAILS`` of each kind)."""
+        text as the tokenizer writes it (``rest``): a walk that took ``]}`` goes on with
+        ``,"`` and the rest (the last ``JOIN_TAILS`` of each kind)."""
         kept = self._joins
         if kept is not None and kept[0] is witness and kept[1] == len(witness):
             return kept[2]
@@ -76,28 +107,28 @@ class Spelling:
             if text[at : at + 1] in _BOUNDARY and at not in bounds
         ]
         for at in inside[-JOIN_TAILS:]:
-            spelt = self.spelt(text[at:])
-            if spelt is not None:
-                joins.append(spelt)
+            tail = self.rest(witness, text, bounds, at)
+            if tail is not None:
+                joins.append(tail)
         self._joins = (witness, len(witness), joins)
         return joins
 
     def aligned(self, token: int, witness: list[int]) -> list[int] | None:
         """The witness's text after the token's, when the token writes the witness's first
         bytes (``",`` against ``"`` ``,"b":0}``): the rest, as the witness's own tokens where
-        the token ends on one of their bounds, else as the tokenizer writes it."""
+        the token ends on one of their bounds, else as the tokenizer writes it (``rest``)."""
         return self.aligned_text(self.vocab.token_bytes()[token], witness)
 
     def aligned_text(self, piece: bytes, witness: list[int]) -> list[int] | None:
         """``aligned`` for the text ``piece`` (one token's, or a run of them)."""
         if not piece or not witness:
             return None
-        rest, bounds = self.text_of(witness)
-        if not rest.startswith(piece):
+        text, bounds = self.text_of(witness)
+        if not text.startswith(piece):
             return None
         if len(piece) in bounds:
             return witness[bounds[len(piece)] :]
-        return self.spelt(rest[len(piece) :])
+        return self.rest(witness, text, bounds, len(piece))
 
     def spelt(self, text: bytes) -> list[int] | None:
         """``text`` as the tokenizer writes it; ``None`` where it does not decode (it
