@@ -99,6 +99,31 @@ def test_xgrammar_strings_of_limited_length_hold_no_raw_control_character(tiny_m
         assert matcher.consume(tokenizer.encode('"a b"')) and matcher.accepts_end()
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "outlines"])
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 8}])
+def test_json_strings_hold_no_surrogate_bytes(tiny_model_dir, backend, schema):
+    """UTF-8 forbids a surrogate's three bytes (``\\xed\\xa1\\x9b``: U+D85B); xgrammar 0.2.8
+    lets them into a JSON string (a random walk wrote them into a tool call's argument), our
+    xgrammar grammars do not, as llguidance and outlines-core do not. Valid three-byte
+    characters, ``\\xed\\x9f\\xbf`` (U+D7FF) among them, stay."""
+    from constrained.grammars import compile_now, load_vocab
+
+    vocab = load_vocab(tiny_model_dir, 151_936)
+    by_bytes = {piece: token for token, piece in enumerate(vocab.token_bytes()) if piece}
+    spec = GrammarSpec("json_schema", json.dumps(schema), backend)
+    compiled = compile_now(spec, vocab)
+
+    def accepted(*pieces: bytes) -> bool:
+        matcher = compiled.matcher()
+        tokens = [by_bytes[piece] for piece in (b'"', *pieces, b'"')]
+        return matcher.try_consume(tokens) == len(tokens) and matcher.accepts_end()
+
+    assert not accepted(b"\xed", b"\xa1", b"\x9b")
+    assert not accepted(b"\xed", b"\xbf", b"\xbf")
+    assert accepted(b"\xed", b"\x9f", b"\xbf")
+    assert accepted(b"\xe5", b"\xbb", b"\xba")
+
+
 def test_llguidance_refusal_names_its_keyword():
     error = GrammarError("llguidance", 'Unimplemented keys: ["not"]')
     assert get_backend("llguidance").refused_keyword(error) == "not"

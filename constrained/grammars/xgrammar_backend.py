@@ -369,24 +369,29 @@ def structural_tag_source(spec: GrammarSpec, vocab: Vocab) -> tuple[str, frozens
     return json.dumps(prepared, ensure_ascii=False), vocab.specials_in(literals(prepared))
 
 
-# xgrammar 0.2.8 writes a string with minLength / maxLength as this class repeated: it lets a
-# raw tab or other control character through, which JSON forbids inside a string.
-_LENGTH_CHARACTERS = '[^\\"\\\\\\r\\n]'
-_JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+# xgrammar 0.2.8 writes a string's characters as one of these classes: with minLength /
+# maxLength the first, which lets a raw tab or other control character through (JSON forbids
+# them inside a string), else the second. Both let a surrogate (U+D800-U+DFFF) through, as
+# the three bytes ``\xed\xa0``-``\xed\xbf`` that UTF-8 forbids (a random walk wrote
+# ``\xed\xa1\x9b`` in a tool call's argument; llguidance and outlines-core refuse them).
+_STRING_CHARACTERS = ('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]')
+_JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n\\ud800-\\udfff]'
 
 
 def json_grammar(text: str, spec: GrammarSpec, strict_mode: bool = False) -> str:
     """xgrammar's grammar (EBNF) of JSON valid against the schema ``text``, with the spec's
-    whitespace: compact, or at most ``max_whitespace`` characters a gap; its strings of
-    limited length never hold a raw control character."""
+    whitespace: compact, or at most ``max_whitespace`` characters a gap; its strings never
+    hold a raw control character or a surrogate (``_STRING_CHARACTERS``)."""
     import xgrammar
 
     if spec.whitespace == "compact" or spec.max_whitespace == 0:
         kwargs: dict[str, Any] = {"any_whitespace": False, "separators": (",", ":")}
     else:
         kwargs = {"any_whitespace": True, "max_whitespace_cnt": spec.max_whitespace}
-    grammar = xgrammar.Grammar.from_json_schema(text, strict_mode=strict_mode, **kwargs)
-    return str(grammar).replace(_LENGTH_CHARACTERS, _JSON_CHARACTERS)
+    grammar = str(xgrammar.Grammar.from_json_schema(text, strict_mode=strict_mode, **kwargs))
+    for characters in _STRING_CHARACTERS:
+        grammar = grammar.replace(characters, _JSON_CHARACTERS)
+    return grammar
 
 
 def _dump(grammar: XGrammarGrammar) -> bytes:
