@@ -185,6 +185,31 @@ def test_vllm_tool_call_tags_parse_back_valid(vocab, parser_model, call):
     assert arguments == {"city": "Oslo", "days": 2}
 
 
+@pytest.mark.parametrize("parser_model", ["hermes", "qwen_3_5"])
+@pytest.mark.parametrize("city", [{"type": "string"}, {"type": "string", "maxLength": 20}])
+def test_tool_call_text_holds_no_surrogate_bytes(vocab, parser_model, city):
+    """A tool call's string argument never holds a surrogate's three bytes
+    (``\\xed\\xa1\\x9b``, U+D85B), which UTF-8 forbids and xgrammar's character classes let
+    in (a random walk wrote them into a hermes call): in JSON arguments and in Qwen3.5's
+    raw XML text, of any length or a limited one. ``\\xe5\\xbb\\xba`` (a character) stays."""
+    schema = {**WEATHER, "properties": {**WEATHER["properties"], "city": city}}
+    grammar = compiled(vocab, vllm_tag(parser_model, "required", schema))
+    by_bytes = {piece: token for token, piece in enumerate(vocab.token_bytes()) if piece}
+    opening = {
+        "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"',
+        "qwen_3_5": "<tool_call>\n<function=get_weather>\n<parameter=city>\n",
+    }[parser_model]
+
+    def takes(*pieces: bytes) -> bool:
+        matcher = grammar.matcher()
+        assert matcher.consume(vocab.hf_tokenizer.encode(opening))
+        tokens = [by_bytes[piece] for piece in pieces]
+        return matcher.try_consume(tokens) == len(tokens)
+
+    assert takes(b"\xe5", b"\xbb", b"\xba")
+    assert not takes(b"\xed", b"\xa1", b"\x9b")
+
+
 def test_taken_over_qwen_xml_calls_start_at_their_token(vocab):
     """vLLM's auto tag for Qwen3.5's XML calls triggers on ``<tool_call>\n<function=``: a
     ``<tool_call>`` followed by anything else stays free text its parser cannot read. Taken
