@@ -16,7 +16,7 @@ that what the parser reads is what the grammar checked:
   length (no ``<`` at all, so nothing can close the parameter early), or any text in which
   nothing reads as a parameter or function delimiter (``<parameter``, ``</parameter``,
   ``</function>``, with the whitespace the parser's regular expression allows); never a
-  surrogate's three bytes, which UTF-8 forbids and xgrammar's classes let in (``_SURROGATES``);
+  surrogate's three bytes, which UTF-8 forbids and xgrammar's classes let in (``SURROGATES``);
 - any other parameter is compact JSON valid against its schema (``json_value``), whose type
   the parser's coercion (``coerce_to_schema_type``: by the ``type`` it reads) gives back
   unchanged.
@@ -151,7 +151,7 @@ def _text(schema: Any, where: str, read_as: set[str]) -> dict[str, Any]:
     low, high = text.get("minLength", 0), text.get("maxLength")
     if low or high is not None:
         high_text = "" if high is None else high
-        return {"type": "regex", "pattern": f"[^<{_SURROGATES}]{{{low},{high_text}}}"}
+        return {"type": "regex", "pattern": f"[^<{SURROGATES}]{{{low},{high_text}}}"}
     return {"type": "grammar", "grammar": _TEXT_GRAMMAR}
 
 
@@ -220,7 +220,7 @@ def _text_grammar() -> str:
     parameter or function delimiter the parser knows): an automaton, one rule a state."""
     space = f"[{_SPACE_CHARS}]"
     rules = {
-        "root": f'"" | [^<{_SURROGATES}] root | "<" lt',
+        "root": f'"" | [^<{SURROGATES}] root | "<" lt',
         # right after "<" (lt), or after "<" and whitespace (lt_sp)
         "lt": f'"" | "<" lt | "/" sl | "p" p1 | {space} lt_sp | {_but("</p", True)} root',
         "lt_sp": f'"" | "<" lt | "/" sl_sp | "p" p1 | {space} lt_sp | {_but("</p", True)} root',
@@ -240,8 +240,8 @@ def _text_grammar() -> str:
 
 
 # xgrammar's character classes let a surrogate (U+D800-U+DFFF) in as the three bytes UTF-8
-# forbids: every class of text here leaves them out (``json_grammar`` does the same for JSON)
-_SURROGATES = "\\ud800-\\udfff"
+# forbids: every class of text here leaves them out, and so do JSON strings (``json_grammar``)
+SURROGATES = "\\ud800-\\udfff"
 _SPACE_CHARS = (
     "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 )
@@ -251,7 +251,7 @@ def _but(chars: str, and_space: bool) -> str:
     """A character class of everything but ``chars`` (and whitespace, when it has its own
     transitions)."""
     excluded = "".join(_escape(c) for c in chars) + (_SPACE_CHARS if and_space else "")
-    return f"[^{excluded}{_SURROGATES}]"
+    return f"[^{excluded}{SURROGATES}]"
 
 
 def _escape(char: str) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.matcher import Matcher, fill_only
-from constrained.grammars.qwen_xml import xml_parameters
+from constrained.grammars.qwen_xml import SURROGATES, xml_parameters
 from constrained.grammars.structural_tag import literals, map_schemas
 from constrained.schema.allow_list import AllowList
 from constrained.schema.rewrite import first_enforced
@@ -375,7 +375,7 @@ def structural_tag_source(spec: GrammarSpec, vocab: Vocab) -> tuple[str, frozens
 # the three bytes ``\xed\xa0``-``\xed\xbf`` that UTF-8 forbids (a random walk wrote
 # ``\xed\xa1\x9b`` in a tool call's argument; llguidance and outlines-core refuse them).
 _STRING_CHARACTERS = ('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]')
-_JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n\\ud800-\\udfff]'
+_JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n' + SURROGATES + "]"
 
 
 def json_grammar(text: str, spec: GrammarSpec, strict_mode: bool = False) -> str:
