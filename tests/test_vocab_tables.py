@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from constrained.grammars.vocab import Vocab, _byte_decoder, load_vocab
@@ -233,3 +234,51 @@ def test_token_finish_equals_the_piece_by_piece_build(vocab: Vocab) -> None:
     assert {t: token_finish(vocab, t) for t in range(vocab.width) if token_finish(vocab, t)} == (
         expected
     )
+
+
+def reference_number_tokens(pieces: list[bytes]) -> tuple:
+    """The finite-number rule's token table, token by token (the build before the arrays)."""
+    from constrained.schema import finite_numbers as f
+
+    words = np.zeros((len(pieces) + 31) // 32, dtype=np.uint32)
+    most, risky = 1, []
+    for token, piece in enumerate(pieces):
+        if piece and piece[0] in f._NUMBER_BYTES:
+            words[token // 32] |= np.uint32(1 << (token % 32))
+            run = piece[: len(piece) - len(piece.lstrip(b"0123456789+-.eE"))]
+            most = max(most, sum(byte in f._DIGITS for byte in run))
+        if f._RISKY.search(piece):
+            risky.append(token)
+    moves = f._OUT_MOVES | f._OPENING | f._CLOSING
+    return (
+        words, most, tuple(risky),
+        [not (f._OUT_MOVES & set(piece)) for piece in pieces],
+        [f._QUOTE not in piece and f._BACKSLASH not in piece for piece in pieces],
+        [not (moves & set(piece)) for piece in pieces],
+    )  # fmt: skip
+
+
+def number_pieces_cases(vocab: Vocab) -> list[list[bytes]]:
+    """The vocabulary's pieces, a structural tag's (specials as text), and random pieces
+    made of number bytes, with the two ways a number overflows within one token."""
+    from constrained.grammars.marker import text_pieces
+
+    rng = random.Random(0)
+    alphabet = b'0123456789+-.eE"\\{}[]ax '
+    made = [bytes(rng.choices(alphabet, k=rng.randint(0, 12))) for _ in range(20_000)]
+    return [vocab.token_bytes(), text_pieces(vocab), [*made, b"1" * 309, b"12e+345", b"9E308"]]
+
+
+def test_number_tokens_equal_the_token_by_token_build(vocab: Vocab) -> None:
+    from constrained.schema.finite_numbers import number_tokens
+
+    for pieces in number_pieces_cases(vocab):
+        words, most, risky, keeps_out, keeps_string, keeps_tagged_out = reference_number_tokens(
+            pieces
+        )
+        table = number_tokens(pieces)
+        assert table.continues.dtype == np.uint32 and np.array_equal(table.continues, words)
+        assert (table.most_digits, table.risky) == (most, risky)
+        assert table.keeps_out == keeps_out and table.keeps_string == keeps_string
+        assert table.keeps_tagged_out == keeps_tagged_out
+    assert number_tokens(pieces).risky  # (the random pieces overflow: the check has cases)

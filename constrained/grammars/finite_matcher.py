@@ -35,6 +35,7 @@ import numpy as np
 from constrained.grammars.marker import text_pieces
 from constrained.grammars.matcher import MatcherWrapper, fill_only, row_ids
 from constrained.grammars.structural_tag import json_openers
+from constrained.grammars.token_shapes import piece_arrays
 from constrained.schema.finite_numbers import (
     FREE,
     FREE_START,
@@ -68,7 +69,9 @@ def tokens_of(vocab: Vocab, tagged: bool = False) -> NumberTokens:
     """The vocabulary's ``NumberTokens``, built once. ``tagged``: for a structural tag, whose
     literals may be special tokens (``<tool_call>``): those spelled as their text."""
     if not tagged:
-        return vocab._once("finite_numbers", lambda: number_tokens(vocab.token_bytes()))
+        return vocab._once(
+            "finite_numbers", lambda: number_tokens(vocab.token_bytes(), piece_arrays(vocab))
+        )
     return vocab._once("finite_numbers_tagged", lambda: number_tokens(text_pieces(vocab)))
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from constrained.schema.piece_arrays import PieceArrays, byte_set
+
 OUT, STRING, ESCAPE, NUMBER, FREE = range(5)
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
@@ -195,22 +197,32 @@ class NumberTokens:
     keeps_tagged_out: list[bool]
 
 
-def number_tokens(pieces: list[bytes]) -> NumberTokens:
-    """``NumberTokens`` of a vocabulary whose token ``i`` writes ``pieces[i]``."""
-    words = np.zeros((len(pieces) + 31) // 32, dtype=np.uint32)
+def number_tokens(pieces: list[bytes], arrays: PieceArrays | None = None) -> NumberTokens:
+    """``NumberTokens`` of a vocabulary whose token ``i`` writes ``pieces[i]`` (``arrays``:
+    the same pieces as flat arrays, where the caller has them). Decided over the flat arrays
+    (0.2 s a process for Qwen's 152k tokens one by one), with a Python step only for the
+    tokens a number can go on with (their digits) or break in (four digits or more)."""
+    arrays = PieceArrays.of(pieces) if arrays is None else arrays
+    first = arrays.byte_at(0)
+    continues = (first >= 0) & byte_set(_NUMBER_BYTES)[np.maximum(first, 0)]
+    bits = np.zeros(-(-len(pieces) // 32) * 32, dtype=bool)
+    bits[: len(pieces)] = continues
+    words = np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32)
     most = 1
-    risky = []
-    for token, piece in enumerate(pieces):
-        if piece and piece[0] in _NUMBER_BYTES:
-            words[token // 32] |= np.uint32(1 << (token % 32))
-            run = piece[: len(piece) - len(piece.lstrip(b"0123456789+-.eE"))]
-            most = max(most, sum(byte in _DIGITS for byte in run))
-        if _RISKY.search(piece):
-            risky.append(token)
-    keeps_out = [not (_OUT_MOVES & set(piece)) for piece in pieces]
-    keeps_string = [_QUOTE not in piece and _BACKSLASH not in piece for piece in pieces]
+    for token in np.flatnonzero(continues).tolist():
+        piece = pieces[token]
+        run = piece[: len(piece) - len(piece.lstrip(b"0123456789+-.eE"))]
+        most = max(most, sum(byte in _DIGITS for byte in run))
+    # _RISKY needs four digits at least: the rest cannot match.
+    maybe = np.flatnonzero(arrays.count_in(byte_set(_DIGITS)) >= 4).tolist()
+    risky = tuple(token for token in maybe if _RISKY.search(pieces[token]))
     moves = _OUT_MOVES | _OPENING | _CLOSING
-    keeps_tagged_out = [not (moves & set(piece)) for piece in pieces]
     return NumberTokens(
-        words, most, tuple(risky), pieces, keeps_out, keeps_string, keeps_tagged_out
+        words,
+        most,
+        risky,
+        pieces,
+        (~arrays.any_in(byte_set(_OUT_MOVES))).tolist(),
+        (~arrays.any_in(byte_set({_QUOTE, _BACKSLASH}))).tolist(),
+        (~arrays.any_in(byte_set(moves))).tolist(),
     )
