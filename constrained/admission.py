@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -73,21 +75,29 @@ def served_vocab(
     of its own), else loaded (1.8-3.5 s). ``reads_tokenizer``: the caller reads the served
     tokenizer itself (a reasoning parser), so it is loaded, and the record not read."""
     from constrained.grammars import load_vocab
-    from constrained.grammars.vocab_record import RecordPlace
 
     width = int(model_config.get_vocab_size()) if width is None else width
-    # (a record is found by the files of the tokenizer's directory; a pinned revision's may
-    # not be the ones the hub cache names: loaded, as before)
-    pinned = getattr(model_config, "tokenizer_revision", None) is not None
-    names = (str(getattr(model_config, "tokenizer_mode", "")),
-             str(getattr(model_config, "trust_remote_code", "")))  # fmt: skip
     return load_vocab(
         tokenizer_path(model_config),
         width,
         hf_tokenizer=tokenizer if tokenizer is not None else _vllm_tokenizer(model_config, True),
         find_tokenizer=lambda: _vllm_tokenizer(model_config),
-        records=None if pinned or reads_tokenizer else RecordPlace(_record_store, names),
+        records=_records(model_config, reads_tokenizer),
     )
+
+
+def _records(model_config: Any, reads_tokenizer: bool) -> Any:
+    """Where the served tokenizer's record is kept (``RecordPlace``), or ``None`` where it is
+    not read: a caller that reads the served tokenizer itself, or a pinned revision (a record
+    is found by the files of the tokenizer's directory, and a pinned revision's may not be
+    the ones the hub cache names)."""
+    from constrained.grammars.vocab_record import RecordPlace
+
+    if reads_tokenizer or getattr(model_config, "tokenizer_revision", None) is not None:
+        return None
+    names = (str(getattr(model_config, "tokenizer_mode", "")),
+             str(getattr(model_config, "trust_remote_code", "")))  # fmt: skip
+    return RecordPlace(_record_store, names)
 
 
 def _record_store() -> Any:
@@ -106,13 +116,92 @@ def _vllm_tokenizer(model_config: Any, held_only: bool = False) -> Any:
     """vLLM's cached tokenizer of ``model_config`` (loaded now unless ``held_only``: then only
     where this process holds one already), or ``None``."""
     try:
-        from vllm.tokenizers.registry import cached_get_tokenizer, cached_tokenizer_from_config
+        from vllm.tokenizers.registry import cached_tokenizer_from_config
 
-        if held_only and not cached_get_tokenizer.cache_info().currsize:
+        if held_only and not _holds_vllm_tokenizer():
             return None
         return cached_tokenizer_from_config(model_config=model_config)
     except Exception:  # no tokenizer (skip_tokenizer_init), or vLLM moved it: we load our own
         return None
+
+
+def _holds_vllm_tokenizer() -> bool:
+    """Whether this process holds a tokenizer vLLM loaded."""
+    try:
+        from vllm.tokenizers.registry import cached_get_tokenizer
+
+        return cached_get_tokenizer.cache_info().currsize > 0
+    except Exception:  # (vLLM moved its cache)
+        return False
+
+
+WARM_POLL_S = 0.2  # how often the warm-up looks for the served tokenizer
+WARM_PATIENCE_S = 900.0  # then gives up: the first constrained request builds the tables
+_WARMING: dict[tuple[str, int, bool], threading.Thread] = {}
+_WARMING_LOCK = threading.Lock()
+
+
+def warm_when_served(
+    model_config: Any, width: int, reads_tokenizer: bool = False
+) -> threading.Thread | None:
+    """Build the served vocabulary and the tables its first rows read (``vocab_tables``:
+    about 1-1.5 s on two cores) in a daemon thread, as soon as this process can without
+    loading the tokenizer, so that a new engine's first constrained request does not wait
+    for them (#55). One thread per served vocabulary and process.
+
+    It can when this process holds vLLM's tokenizer (an engine that samples in its own
+    process: vLLM loads it after the model and the KV cache, when start-up's work is done),
+    when the tokenizer's record is in the store (a worker of its own: the frontend keeps it at
+    its first constrained request, or an earlier engine did), or when a first request has
+    built the vocabulary here (the store off). Loading the tokenizer here instead slowed
+    start-up by half on two cores. After ``WARM_PATIENCE_S`` it gives up; the first
+    constrained request's rows then build each table when they first read it, as they do
+    when a build here fails (that request reports why). ``None`` for a config that names no
+    tokenizer."""
+    path = str(getattr(model_config, "tokenizer", None) or getattr(model_config, "model", ""))
+    if not path:
+        return None
+
+    def wait_then_warm() -> None:
+        from constrained.grammars.vocab import is_loaded
+        from constrained.grammars.vocab_tables import build_tables
+
+        record = _record_of(model_config, width, reads_tokenizer)
+        deadline = time.monotonic() + WARM_PATIENCE_S
+        while not (
+            _holds_vllm_tokenizer()
+            or (record is not None and record[0].has(record[1]))
+            or is_loaded(path, width)  # (by a first request)
+        ):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(WARM_POLL_S)
+        try:
+            build_tables(served_vocab(model_config, width, reads_tokenizer=reads_tokenizer))
+        except Exception:  # the first constrained request builds it, and reports what fails
+            return
+
+    key = (path, width, reads_tokenizer)
+    with _WARMING_LOCK:
+        thread = _WARMING.get(key)
+        if thread is None:
+            thread = threading.Thread(target=wait_then_warm, name="constrained-warm", daemon=True)
+            thread.start()
+            _WARMING[key] = thread
+        return thread
+
+
+def _record_of(model_config: Any, width: int, reads_tokenizer: bool) -> Any:
+    """The store and the key of the served tokenizer's record, or ``None`` where none is read."""
+    from constrained.grammars.vocab_record import record_key
+
+    place = _records(model_config, reads_tokenizer)
+    try:
+        store = place.find_store() if place is not None else None
+        key = record_key(tokenizer_path(model_config), width, None, place.parts) if store else None
+    except Exception:  # (a config that names no tokenizer)
+        return None
+    return None if key is None else (store, key)
 
 
 def closes_at_budget(options: Options, params: Any) -> bool:

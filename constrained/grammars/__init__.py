@@ -12,7 +12,8 @@ Modules:
 
 - ``spec``: ``GrammarSpec``, the constraint (and compile-cache key).
 - ``vocab``: ``Vocab``, the tokenizer in each backend's form; ``vocab_record``: its record in
-  the store, for a process that does not have the tokenizer.
+  the store, for a process that does not have the tokenizer; ``vocab_tables``: every table
+  of it a process's first rows read, built in one call (the engine's warm-up).
 - ``matcher``: the ``Matcher`` interface and bitmask helpers.
 - ``backend``: ``Backend``, what a backend plugs in.
 - ``checked_matcher``: a backend's matcher plus the array checks (``uniqueItems`` / ``contains``);

@@ -100,7 +100,8 @@ class Vocab:
     key: str
     load_served: Callable[[], Any] | None = field(default=None, repr=False)
     _built: dict[str, Any] = field(default_factory=dict, repr=False)
-    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _building: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -119,7 +120,12 @@ class Vocab:
         built = self._built.get(name)
         if built is not None:  # no lock once built: a build in progress blocks no reader
             return built
+        # One lock per table: a thread that needs one waits for its build only, not for
+        # another table's (the warm-up thread builds several while the first rows read).
+        # A table's build reads only tables it does not lead back to: no lock cycle.
         with self._lock:
+            building = self._building.setdefault(name, threading.Lock())
+        with building:
             if name not in self._built:
                 self._built[name] = build()
             return self._built[name]
@@ -182,21 +188,15 @@ class Vocab:
                 out[token_id] = tok.convert_tokens_to_string([piece]).encode()
         return out
 
-    def warm_in_background(self) -> threading.Thread:
+    def warm(self) -> None:
         """Build the store fingerprint, the llguidance tokenizer, the Rust core ``encode``
-        reads (a record's is parsed when first read) and the xgrammar tokenizer in a daemon
-        thread (about 3 s in all), so the engine's first constrained requests do not wait for
-        them; a request that needs one sooner waits only for what is left of that build."""
-
-        def warm() -> None:
-            self.fingerprint()
-            self.llguidance()
-            self._encode_core()
-            self.xgrammar()
-
-        thread = threading.Thread(target=warm, name="constrained-vocab", daemon=True)
-        thread.start()
-        return thread
+        reads (a record's is parsed when first read) and the xgrammar tokenizer (about 1-3 s
+        in all); each is built once, so a caller that needs one sooner waits only for what is
+        left of its build."""
+        self.fingerprint()
+        self.llguidance()
+        self._encode_core()
+        self.xgrammar()
 
     def fingerprint(self) -> str:
         """A SHA-256 of what the backends see of this tokenizer (ids, pieces, specials, width,
@@ -282,6 +282,12 @@ class Vocab:
 
 _VOCABS: dict[tuple[str, int, int | None], Vocab] = {}
 _VOCABS_LOCK = threading.Lock()
+
+
+def is_loaded(tokenizer_path: str, width: int) -> bool:
+    """Whether this process has built the ``Vocab`` ``load_vocab(tokenizer_path, width)``
+    returns."""
+    return (tokenizer_path, width, None) in _VOCABS
 
 
 def load_vocab(

@@ -72,7 +72,7 @@ class StoredTokenizer:
 
     The core is parsed from its JSON when first read (0.4-1 s: the vocabulary's tables and
     the backends' tokenizers need only the pieces, so a worker's first step does not wait
-    for it; ``Vocab.warm_in_background`` reads it)."""
+    for it; the engine's warm-up, ``vocab_tables.build_tables``, reads it)."""
 
     def __init__(
         self, core_json: str, size: int, eos_token_id: int, special_ids: list[int], added: list

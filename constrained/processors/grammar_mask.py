@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from constrained.admission import closes_at_budget, served_vocab, spec_of
+from constrained.admission import (
+    closes_at_budget,
+    served_vocab,
+    spec_of,
+    warm_when_served,
+)
 from constrained.grammars import compiler_for
 from constrained.grammars.marker import marker_for
 from constrained.grammars.reasoning_gate import Thinking
@@ -61,7 +66,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
 
     # Built by the first constrained request (``_build``), not with the engine: loading the
     # tokenizer and warming the backends' tables took 2 s on the engine's start-up path and
-    # slowed the rest of it by half again on two cores (#55: 13 s -> 27 s to start).
+    # slowed the rest of it by half again on two cores (#55: 13 s -> 27 s to start). The
+    # vocabulary's tables are built as soon as that loads nothing (``warm_when_served``).
     LAZY = frozenset({"vocab", "compiler", "writer", "fill", "thinking_stops"})
 
     def __init__(self, vllm_config: Any, *runner_args: Any) -> None:
@@ -70,6 +76,9 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.resumed = ResumeShelf()  # what closing knew, for requests vLLM preempts
         self.content_rows = content_rows_for(self.layout, vllm_config)
         self.content_rows.publish(self.slots)
+        if self.samples_here:
+            parser = parser_applies(vllm_config) != ""
+            warm_when_served(vllm_config.model_config, self.logits_width, parser)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for a missing attribute: once built, the parts are plain attributes.
@@ -94,7 +103,6 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.vocab, self.compiler, self.writer, self.fill = vocab, compiler_for(vocab), writer, fill
         self.thinking_stops = frozenset({vocab.eos_token_id, *implicit})
         self.content_rows.publish_fill(fill, vocab)
-        vocab.warm_in_background()  # the backends' tables, while this request's grammar loads
 
     def columns(self) -> dict[str, Column]:
         return {"constrained": Column(torch.bool, False)}

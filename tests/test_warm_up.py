@@ -1,0 +1,142 @@
+"""The engine's vocabulary tables are built once the engine has started, before its first
+constrained request (``admission.warm_when_served``, #55).
+
+vLLM's engine loads its tokenizer after the model and the KV cache; the warm-up waits for
+that (here: a stand-in for "this process holds vLLM's tokenizer"), then builds the served
+vocabulary and its backends' tables in a daemon thread. Each test serves the tiny model at a
+logits width of its own, so the process's vocabularies built by other tests are not theirs.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from constrained import admission
+from constrained.grammars import vocab as vocab_module
+from constrained.grammars.vocab import Vocab, load_vocab
+from constrained.grammars.vocab_record import keep_record
+from tests.test_grammar_bookkeeping import WIDTH
+
+# What a process's first JSON rows read of the vocabulary (``Vocab._once`` names).
+FIRST_ROWS_READ = ("bytes", "fingerprint", "llguidance", "encode_core", "xgrammar",
+                   "finite_numbers", "closing_ranks_True", "closing_ranks_False",
+                   "closing_utf8_seams")  # fmt: skip
+
+
+def model_config(tiny_model_dir: str) -> SimpleNamespace:
+    return SimpleNamespace(tokenizer=tiny_model_dir, model=tiny_model_dir)
+
+
+def built(path: str, width: int) -> bool:
+    return any(key[:2] == (path, width) for key in vocab_module._VOCABS)
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Whether "this process holds vLLM's tokenizer" (set by the test), and how often the
+    warm-up asked."""
+    state = {"held": threading.Event(), "asked": 0}
+
+    def holds() -> bool:
+        state["asked"] += 1
+        return state["held"].is_set()
+
+    monkeypatch.setattr(admission, "_holds_vllm_tokenizer", holds)
+    monkeypatch.setattr(admission, "WARM_POLL_S", 0.01)
+    return state
+
+
+def waits(thread: threading.Thread, held: dict, path: str, width: int) -> None:
+    """The warm-up asks a few times, building nothing."""
+    while held["asked"] < 5:
+        threading.Event().wait(0.01)
+    assert thread.is_alive() and not built(path, width)
+
+
+def test_the_tables_are_built_once_vllm_holds_its_tokenizer(tiny_model_dir, held) -> None:
+    width = WIDTH + 64
+    thread = admission.warm_when_served(model_config(tiny_model_dir), width)
+    waits(thread, held, tiny_model_dir, width)
+    # One thread per served vocabulary and process.
+    assert admission.warm_when_served(model_config(tiny_model_dir), width) is thread
+
+    held["held"].set()  # the engine's start-up is done
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    vocab = load_vocab(tiny_model_dir, width)
+    assert set(FIRST_ROWS_READ) <= set(vocab._built)
+    assert vocab.width == width
+
+
+def test_a_worker_of_its_own_builds_them_from_the_record(tiny_model_dir, held) -> None:
+    # A worker never holds vLLM's tokenizer: it waits for the record the frontend keeps.
+    width = WIDTH + 128
+    config = model_config(tiny_model_dir)
+    thread = admission.warm_when_served(config, width)
+    waits(thread, held, tiny_model_dir, width)
+
+    store, key = admission._record_of(config, width, False)
+    tokenizer = load_vocab(tiny_model_dir, WIDTH).hf_tokenizer
+    frontend = Vocab(tokenizer, width, tokenizer.eos_token_id, "frontend")  # (not the process's)
+    keep_record(store, key, tokenizer, frontend.token_bytes(), frontend.special_ids(),
+                frontend.fingerprint())  # fmt: skip
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    vocab = load_vocab(tiny_model_dir, width)
+    assert vocab.from_record and vocab.fingerprint() == frontend.fingerprint()
+    assert set(FIRST_ROWS_READ) <= set(vocab._built)
+
+
+def test_the_grammar_processor_starts_the_warm_up(tiny_model_dir, held) -> None:
+    from constrained.processors.grammar_mask import GrammarMaskProcessor
+    from tests.simulate import fake_vllm_config
+
+    width = WIDTH + 192
+    proc = GrammarMaskProcessor(
+        fake_vllm_config(4, width, tiny_model_dir), torch.device("cpu"), False
+    )
+    key = (tiny_model_dir, width, False)
+    assert key in admission._WARMING and not built(tiny_model_dir, width)
+    held["held"].set()
+    admission._WARMING[key].join(timeout=120)
+    assert built(tiny_model_dir, width)
+    assert proc.vocab is load_vocab(tiny_model_dir, width)  # the first request's, already built
+
+
+def test_with_the_store_off_a_first_request_s_vocabulary_starts_it(
+    tiny_model_dir, held, monkeypatch
+) -> None:
+    # No record and no vLLM tokenizer here: the first request loads the tokenizer, and the
+    # warm-up builds the other tables from then on.
+    monkeypatch.setattr(admission, "_record_of", lambda *args: None)
+    width = WIDTH + 256
+    thread = admission.warm_when_served(model_config(tiny_model_dir), width)
+    waits(thread, held, tiny_model_dir, width)
+    vocab = load_vocab(tiny_model_dir, width)  # the first request's
+    thread.join(timeout=120)
+    assert not thread.is_alive() and set(FIRST_ROWS_READ) <= set(vocab._built)
+
+
+def test_a_table_s_build_waits_for_no_other_table(tiny_model_dir) -> None:
+    # The warm-up builds one table (here: held until released) while a first row reads
+    # another: the row gets it at once.
+    vocab = Vocab(load_vocab(tiny_model_dir, WIDTH).hf_tokenizer, WIDTH, 0, "two tables")
+    release, started = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(timeout=60)
+        return "slow"
+
+    builder = threading.Thread(target=vocab._once, args=("slow", slow))
+    builder.start()
+    started.wait(timeout=60)
+    assert vocab._once("quick", lambda: "quick") == "quick"
+    assert builder.is_alive()  # (the slow build is still under way)
+    release.set()
+    builder.join(timeout=60)
+    assert vocab._once("slow", lambda: "again") == "slow"  # built once
