@@ -22,7 +22,9 @@ the constraint alone has to make the output valid) with ``constrained.demo.engin
     The schemas are drawn with a fixed seed from all of MaskBench, keeping those that both
     vLLM's xgrammar backend (its admission check and a compile) and our admission (option
     parsing and the compile) of each of our configurations in ``--configs`` accept. Writes
-    ``e2e_structured.json`` and ``.png``.
+    ``e2e_structured.json`` and ``.png``. With ``--restarted``, each engine starts from the
+    store an earlier engine of its configuration left after one constrained request (a
+    restarted server: the tokenizer's record kept, every timed schema still new).
 
 ``validity``
     A stratified sample of MaskBench (``--per-split`` schemas from each split, by file-name
@@ -37,6 +39,8 @@ Usage::
     python -m benchmarks.e2e_structured throughput                 # 3 rounds x 5 configs
     python -m benchmarks.e2e_structured throughput --batch 8 --tokens 16 --rounds 1 \\
         --configs none,ours,vllm --out /tmp/smoke                  # smoke test
+    python -m benchmarks.e2e_structured throughput --batch 64 --tokens 160 --warmup-tokens \\
+        160 --rounds 2 --configs ours_strict,vllm --restarted     # cold call, restarted server
     python -m benchmarks.e2e_structured validity                   # 15 splits x 20 schemas
     python -m benchmarks.e2e_structured validity --per-split 1 --max-tokens 64 --out /tmp/smoke
 
@@ -60,7 +64,7 @@ from benchmarks.structured.report import write_json
 from benchmarks.structured.schemas import DEFAULT_MASKBENCH
 from benchmarks.structured.selection import run_select
 from benchmarks.structured.throughput import run_throughput
-from benchmarks.structured.timed_run import run_throughput_child
+from benchmarks.structured.timed_run import prime_store, run_throughput_child
 from benchmarks.structured.validity import run_validity
 
 # check_output: benchmarks/soak.py judges its outputs with it, imported from here.
@@ -86,6 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tp.add_argument("--seed", type=int, default=0, help="seed of the schema selection")
     tp.add_argument(
         "--compile-timeout", type=float, default=10.0, help="selection: seconds per compile"
+    )
+    tp.add_argument(
+        "--restarted",
+        action="store_true",
+        help="each engine starts where an earlier one of its configuration served one "
+        "constrained request and stopped (a restarted server: the store keeps the tokenizer's "
+        "record; every timed schema is still new)",
     )
     tp.add_argument(
         "--profile-dir",
@@ -121,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sel.add_argument("--child-out", required=True)
     sel.add_argument("--ours", type=str_list, default=["ours"], help="our configs that must admit")
 
+    prime = sub.add_parser("_prime", help=argparse.SUPPRESS)
+    prime.add_argument("config", choices=CONFIGS)
+    prime.add_argument("--child-out", required=True)
+
     run = sub.add_parser("_run", help=argparse.SUPPRESS)
     run.add_argument("config", choices=CONFIGS)
     run.add_argument("--files", required=True)
@@ -154,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             args.config, files, args.maskbench, args.tokens, args.warmup_tokens, args.profile
         )
         write_json(pathlib.Path(args.child_out), record)
+        return 0
+    if args.command == "_prime":
+        write_json(pathlib.Path(args.child_out), prime_store(args.config))
         return 0
     if args.command == "throughput":
         return run_throughput(args)

@@ -30,22 +30,24 @@ from benchmarks.structured.report import (
 from benchmarks.structured.schemas import prompt_for
 
 
-def run_child(args: list[str]) -> dict[str, Any]:
+def run_child(args: list[str], prime: list[str] | None = None) -> dict[str, Any]:
     """Run ``python -m benchmarks.e2e_structured ARGS --child-out FILE``; its JSON record.
 
     Each child gets an empty compiled-grammar store of its own, so its cold call compiles
     every schema for the first time (``ours_*``: once, at admission; the engine loads them).
-    ``{"error": ...}`` when the child fails or writes nothing.
+    ``prime``: the arguments of a child run first with the same store (``_prime``: a
+    restarted server's store). ``{"error": ...}`` when a child fails or writes nothing.
     """
     with tempfile.TemporaryDirectory(prefix="e2e_structured-") as tmp:
-        result = pathlib.Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "benchmarks.e2e_structured", *args]
-        cmd += ["--child-out", str(result)]
-        print(f"== {' '.join(cmd)}", file=sys.stderr, flush=True)
         env = {**os.environ, "CONSTRAINED_GRAMMAR_STORE": str(pathlib.Path(tmp) / "grammars")}
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False)
-        if proc.returncode != 0 or not result.exists():
-            return {"error": f"child exited with status {proc.returncode}"}
+        for step in ([prime] if prime else []) + [args]:
+            result = pathlib.Path(tmp) / "result.json"
+            cmd = [sys.executable, "-m", "benchmarks.e2e_structured", *step]
+            cmd += ["--child-out", str(result)]
+            print(f"== {' '.join(cmd)}", file=sys.stderr, flush=True)
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False)
+            if proc.returncode != 0 or not result.exists():
+                return {"error": f"child exited with status {proc.returncode}"}
         return json.loads(result.read_text())
 
 
@@ -103,6 +105,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             "warmup_tokens": args.warmup_tokens,
             "rounds": args.rounds,
             "configs": args.configs,
+            "restarted": args.restarted,
             "temperature": TEMPERATURE,
             "seed": f"{SEED_BASE} + request index",
             "select_seed": args.seed,
@@ -122,7 +125,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         files_path.write_text(json.dumps(files))
         for round_ in range(args.rounds):
             for config in args.configs:
-                record = run_child(_run_args(args, config, round_, files_path))
+                prime = ["_prime", config] if args.restarted else None
+                record = run_child(_run_args(args, config, round_, files_path), prime)
                 record.update(config=config, round=round_)
                 runs.append(record)
                 if "error" not in record:

@@ -116,3 +116,22 @@ def run_throughput_child(
         "machine": machine_info(),
         "outputs": records,
     }
+
+
+# The one constraint a ``--restarted`` run's earlier engine served: in no MaskBench file.
+PRIMING_SCHEMA = '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'
+
+
+def prime_store(config: str) -> dict[str, Any]:
+    """The ``_prime`` child: the engine of ``config`` serves one constrained request (a schema
+    none of the timed ones is), then stops, leaving its compiled-grammar store as a restarted
+    server finds it: the tokenizer's record kept (ours), every timed schema still new."""
+    set_engine_env()
+    from vllm import LLM
+
+    from constrained.tiny_model import build_tiny_model
+
+    llm = LLM(model=str(build_tiny_model()), **engine_kwargs_for(config))
+    llm.generate(["Reply."], [request_params(config, PRIMING_SCHEMA, 0, 8)], use_tqdm=False)
+    llm.llm_engine.engine_core.shutdown()
+    return {"config": config, "primed": True}
