@@ -10,6 +10,7 @@ logits width of its own, so the process's vocabularies built by other tests are 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +36,16 @@ def built(path: str, width: int) -> bool:
     return any(key[:2] == (path, width) for key in vocab_module._VOCABS)
 
 
+def unused_width(path: str, offset: int) -> int:
+    """A logits width of this test's own: no other test serves it (``test_grammar_store``
+    loads ``WIDTH + 64``), so nothing in this process or the store has its tables yet."""
+    width = WIDTH + 10_000 + offset
+    record = admission._record_of(model_config(path), width, False)
+    assert not built(path, width) and not (record and record[0].has(record[1]))
+    assert (path, width, False) not in admission._WARMING
+    return width
+
+
 @pytest.fixture
 def held(monkeypatch):
     """Whether "this process holds vLLM's tokenizer" (set by the test), and how often the
@@ -52,13 +63,14 @@ def held(monkeypatch):
 
 def waits(thread: threading.Thread, held: dict, path: str, width: int) -> None:
     """The warm-up asks a few times, building nothing."""
-    while held["asked"] < 5:
+    deadline = time.monotonic() + 60
+    while held["asked"] < 5 and thread.is_alive() and time.monotonic() < deadline:
         threading.Event().wait(0.01)
-    assert thread.is_alive() and not built(path, width)
+    assert held["asked"] >= 5 and thread.is_alive() and not built(path, width)
 
 
 def test_the_tables_are_built_once_vllm_holds_its_tokenizer(tiny_model_dir, held) -> None:
-    width = WIDTH + 64
+    width = unused_width(tiny_model_dir, 64)
     thread = admission.warm_when_served(model_config(tiny_model_dir), width)
     waits(thread, held, tiny_model_dir, width)
     # One thread per served vocabulary and process.
@@ -74,7 +86,7 @@ def test_the_tables_are_built_once_vllm_holds_its_tokenizer(tiny_model_dir, held
 
 def test_a_worker_of_its_own_builds_them_from_the_record(tiny_model_dir, held) -> None:
     # A worker never holds vLLM's tokenizer: it waits for the record the frontend keeps.
-    width = WIDTH + 128
+    width = unused_width(tiny_model_dir, 128)
     config = model_config(tiny_model_dir)
     thread = admission.warm_when_served(config, width)
     waits(thread, held, tiny_model_dir, width)
@@ -95,7 +107,7 @@ def test_the_grammar_processor_starts_the_warm_up(tiny_model_dir, held) -> None:
     from constrained.processors.grammar_mask import GrammarMaskProcessor
     from tests.simulate import fake_vllm_config
 
-    width = WIDTH + 192
+    width = unused_width(tiny_model_dir, 192)
     proc = GrammarMaskProcessor(
         fake_vllm_config(4, width, tiny_model_dir), torch.device("cpu"), False
     )
@@ -113,7 +125,7 @@ def test_with_the_store_off_a_first_request_s_vocabulary_starts_it(
     # No record and no vLLM tokenizer here: the first request loads the tokenizer, and the
     # warm-up builds the other tables from then on.
     monkeypatch.setattr(admission, "_record_of", lambda *args: None)
-    width = WIDTH + 256
+    width = unused_width(tiny_model_dir, 256)
     thread = admission.warm_when_served(model_config(tiny_model_dir), width)
     waits(thread, held, tiny_model_dir, width)
     vocab = load_vocab(tiny_model_dir, width)  # the first request's
