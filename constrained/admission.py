@@ -158,8 +158,9 @@ def warm_when_served(
     constrained request's rows then build each table when they first read it, as they do
     when a build here fails (that request reports why). ``None`` for a config that names no
     tokenizer."""
-    path = str(getattr(model_config, "tokenizer", None) or getattr(model_config, "model", ""))
-    if not path:
+    try:
+        path = tokenizer_path(model_config)
+    except AttributeError:
         return None
 
     def wait_then_warm() -> None:

@@ -4,8 +4,9 @@ engine waits for requests instead of in its first steps (#55).
 
 Each table is still built once per vocabulary wherever it is first read (``Vocab._once``):
 this only reads them early. For Qwen2's 152k tokens on the 2-core machine: the backends'
-tokenizers and the store's fingerprint (``Vocab.warm``) about 0.8 s, the finite-number rule's
-table 0.05 s, closing's two finishing orders 0.07 s, its UTF-8 seams 0.01 s.
+tokenizers, the store's fingerprint and the encode core (``Vocab.warm``) about 1 s, the
+finite-number rule's table 0.05 s, closing's two finishing orders 0.07 s, its UTF-8 seams
+0.01 s.
 
 Example::
 
