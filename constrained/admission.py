@@ -27,6 +27,7 @@ from typing import Any
 
 from constrained.engine_processors import engine_applies, keys_of_others, refuse_not_applied
 from constrained.frontend import find_input_processor, loaded_tokenizer, self_at
+from constrained.helper_cpus import leave_compute_cpus
 from constrained.options import OptionError, Options
 from constrained.request_options import (
     MEMO_SIZE,
@@ -167,6 +168,7 @@ def warm_when_served(
         from constrained.grammars.vocab import is_loaded
         from constrained.grammars.vocab_tables import build_tables
 
+        leave_compute_cpus()
         record = _record_of(model_config, width, reads_tokenizer)
         deadline = time.monotonic() + WARM_PATIENCE_S
         while not (

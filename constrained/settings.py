@@ -27,6 +27,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_DRY_KERNEL`` | 1 | DRY's Triton kernels under Model Runner V2; 0: torch ops |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 | ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
+| ``CONSTRAINED_HELPER_CPUS`` | ``auto`` | our threads' CPUs in a pinned worker (``off``, ``1,3``) |
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class Settings:
     # At most this many threads share a batch's rows in a host kernel (typical-p's search
     # under V1 on CPU); 0: the process's OpenMP team (torch's threads, bound by vLLM).
     host_threads: int = 0
+    # Where our helper threads (the mask fill, compiles, the tokenizer's tables) run in a
+    # vLLM CPU worker pinned to its compute cores (helper_cpus.py): "auto", the cores of its
+    # NUMA nodes that no worker computes on; "off", with the worker's; or these CPU ids.
+    helper_cpus: str | frozenset[int] = "auto"
 
 
 def _number(name: str, cast: type, default: float | int) -> float | int:
@@ -118,6 +123,7 @@ def _from_environment() -> Settings:
         dry_kernel=_switch("CONSTRAINED_DRY_KERNEL", defaults.dry_kernel),
         host_kernels=_switch("CONSTRAINED_HOST_KERNELS", defaults.host_kernels),
         host_threads=_number("CONSTRAINED_HOST_THREADS", int, defaults.host_threads),
+        helper_cpus=_cpus("CONSTRAINED_HELPER_CPUS"),
     )
 
 
@@ -126,6 +132,28 @@ def _choice(name: str, values: tuple[str, ...]) -> str:
     if raw not in values:
         raise ValueError(f"{name}={raw!r} must be one of {', '.join(values)}")
     return raw
+
+
+def cpu_list(text: str) -> frozenset[int]:
+    """CPU ids written as Linux writes them (``0-3,7``); ``ValueError`` when malformed."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        first, last = int(low), int(high or low)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def _cpus(name: str) -> str | frozenset[int]:
+    raw = os.environ.get(name, "").strip().lower() or "auto"
+    if raw in ("auto", "off"):
+        return raw
+    try:
+        return cpu_list(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be auto, off or CPU ids (1,3 or 2-5)") from None
 
 
 def user_cache_dir() -> Path:

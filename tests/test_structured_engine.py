@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pathlib
 import re
 import uuid
 
@@ -402,3 +404,35 @@ def test_tool_call_tags_keep_numbers_doubles(llm):
         assert math.isfinite(value), text
         reached |= bool(re.search(r"\de\+?9", call.group(1)))
     assert reached  # the rule was reached
+
+
+def _thread_cpus(pid: int) -> dict[int, set[int]]:
+    """Each thread of process ``pid`` and the CPUs it may run on."""
+    from constrained.settings import cpu_list
+
+    cpus = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        status = pathlib.Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+        cpus[int(tid)] = set(cpu_list(line.split(":")[1]))
+    return cpus
+
+
+def test_our_threads_in_the_pinned_worker_run_off_its_compute_core(llm):
+    """vLLM's CPU worker pins itself to its compute cores; the mask fill, compiles and warm-up
+    threads it starts for us run on the spare ones (``helper_cpus``)."""
+    import psutil
+
+    from constrained.helper_cpus import numa_nodes, spare_cpus
+
+    generate(llm, 4, max_tokens=24, json_schema=PERSON)
+    workers = [p for p in psutil.Process().children(recursive=True) if "Worker" in p.name()]
+    assert len(workers) == 1, [p.name() for p in workers]
+    threads = _thread_cpus(workers[0].pid)
+    pinned = threads[workers[0].pid]  # its main thread: vLLM's binding
+    bound = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    spare = spare_cpus(pinned, numa_nodes(), bound)
+    assert spare, f"vLLM pinned the worker to {pinned}: no spare CPU here"
+    off = [tid for tid, cpus in threads.items() if cpus and not cpus & pinned]
+    assert off, threads
+    assert all(threads[tid] <= spare for tid in off)

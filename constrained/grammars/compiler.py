@@ -38,6 +38,7 @@ from constrained.grammars.size_guard import refuse_huge_regexes
 from constrained.grammars.spec import GrammarSpec
 from constrained.grammars.store import GrammarStore, store_key
 from constrained.grammars.vocab import Vocab
+from constrained.helper_cpus import leave_compute_cpus
 from constrained.schema.user_input import close_objects
 from constrained.settings import settings
 
@@ -114,7 +115,9 @@ class GrammarCompiler:
         self.loaded = 0
         self._counts_lock = threading.Lock()  # two compile workers count at once
         self._cache = CompileCache(cache_size)
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="constrained-compile")
+        self._pool = ThreadPoolExecutor(
+            max_workers, thread_name_prefix="constrained-compile", initializer=leave_compute_cpus
+        )
 
     def submit(self, spec: GrammarSpec) -> Future:
         """A future of the compiled grammar; a cached one when this spec was seen."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.matcher import Matcher
+from constrained.helper_cpus import built_off_compute
 
 if TYPE_CHECKING:
     import torch
@@ -226,8 +227,8 @@ class LLGuidanceMatcher(Matcher):
         if len(pairs) == 1:
             super().fill_many(pairs, bitmask)
             return
-        if _EXECUTOR is None:
-            _EXECUTOR = llguidance.LLExecutor()
+        if _EXECUTOR is None:  # its threads off the compute cores, whoever asks first
+            _EXECUTOR = built_off_compute(llguidance.LLExecutor)
         inner = [(m._masker(), row) for m, row in pairs]  # type: ignore[attr-defined]
         llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, inner, bitmask)
 

@@ -30,6 +30,7 @@ from constrained.grammars import GrammarSpec, Vocab
 from constrained.grammars.content import ContentTracker, is_whitespace, open_row
 from constrained.grammars.matcher import Matcher, fill_only, words_for
 from constrained.grammars.stack import GrammarRow, build_stack
+from constrained.helper_cpus import leave_compute_cpus
 from constrained.processors.functional import apply_penalties
 from constrained.processors.runners import Rows
 from constrained.processors.slots import SlotTable
@@ -383,6 +384,7 @@ class FillThread:
 
 
 def _serve(calls: queue.SimpleQueue, ends: queue.SimpleQueue) -> None:
+    leave_compute_cpus()
     while (item := calls.get()) is not None:
         call, args = item
         try:
