@@ -1,48 +1,70 @@
 """Our helper threads in a vLLM CPU worker: off the cores the model computes on.
 
-vLLM's CPU worker pins its OpenMP threads to the cores it computes on
-(``VLLM_CPU_OMP_THREADS_BIND``; ``auto``: the cores of one NUMA node less one, which is kept
-for the scheduler's process), and every thread the worker starts afterwards inherits that
-pin. A helper thread of ours left there (the mask fill, grammar compiles, the tokenizer's
-tables) takes its CPU time from the forward pass: OpenMP's team waits for the thread it
+vLLM's CPU worker binds OpenMP to the cores it computes on; with its automatic binding
+(``VLLM_CPU_OMP_THREADS_BIND=auto``, the default) it takes the cores of one NUMA node less
+one, which it keeps for the scheduler's process, and on x86 one logical CPU per core. Every
+thread the worker starts afterwards inherits the pin of its main thread. A helper thread of
+ours left there (the mask fill, grammar compiles, the tokenizer's warm-up, llguidance's
+fill pool) takes its CPU time from the forward pass: OpenMP's team waits for the thread it
 preempted, so on the two-core machine closing's fill came out of the step time almost one
 for one. Each helper thread calls ``leave_compute_cpus()`` first and moves to the CPUs of
-the same NUMA nodes that no worker is bound to (the reserved core; on x86, the SMT siblings
-``auto`` leaves out), beside the scheduler, where vLLM's own structured outputs compute
-their masks. Where there are none it stays: a GPU worker is not pinned, and a bind list
-that gives every core to a worker leaves none. ``CONSTRAINED_HELPER_CPUS`` (settings):
-``off`` keeps the worker's pin, a CPU list (``1,3``) names the CPUs instead.
+the same NUMA nodes that vLLM left out (the kept core, the SMT siblings), beside the
+scheduler, where vLLM's own structured outputs compute their masks.
 
-Example (a worker pinned to CPU 0 of a two-CPU node, ``auto``)::
+Decided once per process (``helper_target``), from what vLLM wrote for OpenMP in the
+worker's environment (``omp_cpus``), so every helper thread gets the same CPUs whichever
+thread starts it. Nothing moves outside a CPU worker that vLLM bound automatically: a GPU
+worker, the frontend, ``nobind``, or a bind list of the user's (``0-3|4-7``: its other
+cores may be another worker's or another engine's). ``CONSTRAINED_HELPER_CPUS`` (settings):
+``off`` moves nothing; a CPU list (``1,3``) names the CPUs, in any process.
 
-    spare_cpus(pinned={0}, nodes=[{0, 1}], bound="auto")   # {1}
+Example (a worker bound to CPU 0 of a two-CPU node)::
+
+    spare_cpus(compute={0}, nodes=[{0, 1}], allowed={0, 1})   # {1}
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from constrained.settings import cpu_list, settings
 
+logger = logging.getLogger(__name__)
+
 NODES = Path("/sys/devices/system/node")
 T = TypeVar("T")
 
+_target: frozenset[int] | None = None
+_lock = threading.Lock()
+_warned = False
 
-def spare_cpus(pinned: set[int], nodes: list[set[int]], bound: str) -> set[int]:
-    """The CPUs of ``pinned``'s NUMA nodes (``nodes``: each node's CPUs) that neither it nor
-    any worker named in ``bound`` (``VLLM_CPU_OMP_THREADS_BIND``: ``0-3|4-7``, ``auto``,
-    ``nobind``) computes on."""
-    near = set().union(*(node for node in nodes if node & pinned))
-    named: set[int] = set()
-    if bound not in ("auto", "nobind", ""):
-        for worker in bound.split("|"):
-            named |= cpu_list(worker)
-    return near - pinned - named
+
+def spare_cpus(compute: set[int], nodes: list[set[int]], allowed: set[int]) -> set[int]:
+    """The CPUs of ``compute``'s NUMA nodes (``nodes``: each node's CPUs) that the process may
+    use (``allowed``) and that OpenMP does not compute on."""
+    near = set().union(*(node for node in nodes if node & compute))
+    return (near & allowed) - compute
+
+
+def omp_cpus(env: Mapping[str, str]) -> set[int]:
+    """The CPUs vLLM bound this worker's OpenMP threads to, read from the variable it sets
+    for the runtime it found (``KMP_AFFINITY``'s proclist for Intel's, ``GOMP_CPU_AFFINITY``
+    for GNU's, else ``OMP_PLACES`` as one place ``{0,1,2}``); empty where none is written
+    that way (vLLM bound nothing here, or a user's own OpenMP settings)."""
+    kmp = re.search(r"proclist=\[([0-9,\s-]+)\]", env.get("KMP_AFFINITY", ""))
+    if kmp:
+        return set(cpu_list(kmp.group(1)))
+    gomp = env.get("GOMP_CPU_AFFINITY", "").split()
+    if gomp:
+        return set(cpu_list(",".join(gomp)))
+    places = re.fullmatch(r"\{([0-9,\s]+)\}", env.get("OMP_PLACES", "").strip())
+    return set(cpu_list(places.group(1))) if places else set()
 
 
 def numa_nodes() -> list[set[int]]:
@@ -55,21 +77,64 @@ def numa_nodes() -> list[set[int]]:
     return nodes or [set(range(os.cpu_count() or 1))]
 
 
-def leave_compute_cpus() -> None:
-    """Move the calling thread off the cores its process computes on (module docstring); a
-    CPU the process's cpuset does not allow is left out by the kernel, and a move it
-    refuses leaves the thread where it is."""
+def _decide() -> frozenset[int]:
     choice = settings().helper_cpus
-    if choice == "off" or not hasattr(os, "sched_setaffinity"):
-        return
     if isinstance(choice, frozenset):
-        target = set(choice)
-    else:
-        bound = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto").strip()
-        target = spare_cpus(os.sched_getaffinity(0), numa_nodes(), bound)
-    if target:
-        with contextlib.suppress(OSError):  # (none of them allowed here)
+        return choice
+    if choice == "off":
+        return frozenset()
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto").strip() != "auto" or not _on_cpu():
+        return frozenset()
+    compute = omp_cpus(os.environ)
+    if not compute:
+        return frozenset()
+    try:  # what the user let the engine use (vLLM's binding chose among these)
+        allowed = os.sched_getaffinity(os.getppid())
+    except OSError:
+        allowed = set(range(os.cpu_count() or 1))
+    return frozenset(spare_cpus(compute, numa_nodes(), allowed))
+
+
+def _on_cpu() -> bool:
+    """Whether vLLM runs on CPU here (the only platform where it binds OpenMP itself)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # (no vLLM here, or it moved)
+        return False
+
+
+def helper_target() -> frozenset[int]:
+    """The CPUs this process's helper threads run on; empty: wherever they were started.
+    Decided at the first call (the module docstring), the same for every thread after."""
+    global _target
+    with _lock:
+        if _target is None:
+            _target = _decide()
+        return _target
+
+
+def reset() -> None:
+    """Forget the decision (tests that change the settings or the environment)."""
+    global _target
+    with _lock:
+        _target = None
+
+
+def leave_compute_cpus() -> None:
+    """Move the calling thread to ``helper_target()``'s CPUs, if any. Never raises: a
+    malformed variable or a move the kernel refuses (no CPU of the target allowed here)
+    leaves the thread where it is, with one warning in the log."""
+    global _warned
+    try:
+        target = helper_target()
+        if target and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, target)
+    except Exception as error:  # a helper thread must start whatever this finds
+        if not _warned:
+            _warned = True
+            logger.warning("constrained: helper threads stay on the worker's cores: %s", error)
 
 
 def built_off_compute(build: Callable[[], T]) -> T:

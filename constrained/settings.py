@@ -27,7 +27,7 @@ that change a switch). ``CONSTRAINED_ROUTE_STRUCTURED_OUTPUTS=1`` is set by our 
 | ``CONSTRAINED_DRY_KERNEL`` | 1 | DRY's Triton kernels under Model Runner V2; 0: torch ops |
 | ``CONSTRAINED_HOST_KERNELS`` | 1 | 0: no C kernels compiled for CPU paths (torch / NumPy) |
 | ``CONSTRAINED_HOST_THREADS`` | 0 | most threads a host kernel uses; 0: torch's OpenMP team |
-| ``CONSTRAINED_HELPER_CPUS`` | ``auto`` | our threads' CPUs in a pinned worker (``off``, ``1,3``) |
+| ``CONSTRAINED_HELPER_CPUS`` | ``auto`` | our helper threads' CPUs (``off``; ``1,3``) |
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class Settings:
     # At most this many threads share a batch's rows in a host kernel (typical-p's search
     # under V1 on CPU); 0: the process's OpenMP team (torch's threads, bound by vLLM).
     host_threads: int = 0
-    # Where our helper threads (the mask fill, compiles, the tokenizer's tables) run in a
-    # vLLM CPU worker pinned to its compute cores (helper_cpus.py): "auto", the cores of its
-    # NUMA nodes that no worker computes on; "off", with the worker's; or these CPU ids.
+    # Where our helper threads (the mask fill, compiles, the tokenizer's tables) run
+    # (helper_cpus.py): "auto", in a CPU worker vLLM bound automatically, the CPUs of its
+    # NUMA nodes that the binding left out; "off", where they were started; or these CPU ids.
     helper_cpus: str | frozenset[int] = "auto"
 
 
@@ -134,13 +134,16 @@ def _choice(name: str, values: tuple[str, ...]) -> str:
     return raw
 
 
+MAX_CPU_ID = 1 << 16  # (Linux's own limit is 8,192 CPUs)
+
+
 def cpu_list(text: str) -> frozenset[int]:
     """CPU ids written as Linux writes them (``0-3,7``); ``ValueError`` when malformed."""
     cpus: set[int] = set()
     for part in text.split(","):
         low, _, high = part.strip().partition("-")
         first, last = int(low), int(high or low)
-        if first < 0 or last < first:
+        if first < 0 or last < first or last >= MAX_CPU_ID:
             raise ValueError(f"bad CPU range {part!r}")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
