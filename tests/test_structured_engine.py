@@ -427,7 +427,9 @@ def test_our_threads_in_the_pinned_worker_run_off_its_compute_core(llm):
     from constrained.helper_cpus import numa_nodes, spare_cpus
 
     generate(llm, 4, max_tokens=24, json_schema=PERSON)
-    workers = [p for p in psutil.Process().children(recursive=True) if "Worker" in p.name()]
+    # This engine's own worker (other tests' servers may still be up beside it).
+    (core,) = llm.llm_engine.engine_core.resources.engine_manager.processes
+    workers = [p for p in psutil.Process(core.pid).children() if "Worker" in p.name()]
     assert len(workers) == 1, [p.name() for p in workers]
     threads = _thread_cpus(workers[0].pid)
     pinned = threads[workers[0].pid]  # its main thread: vLLM's binding
