@@ -282,3 +282,38 @@ def test_number_tokens_equal_the_token_by_token_build(vocab: Vocab) -> None:
         assert table.keeps_out == keeps_out and table.keeps_string == keeps_string
         assert table.keeps_tagged_out == keeps_tagged_out
     assert number_tokens(pieces).risky  # (the random pieces overflow: the check has cases)
+
+
+def test_fingerprint_follows_what_the_backends_see(vocab: Vocab) -> None:
+    """The store's key for a tokenizer: equal for the same tables, different when one
+    token's bytes, a special token's text, end-of-sequence or the width differ."""
+    tok = vocab.hf_tokenizer
+
+    def fingerprint(eos: int = vocab.eos_token_id, width: int = vocab.width, **built) -> str:
+        other = Vocab(tok, width, eos, key="other")
+        other._built.update(built)
+        return other.fingerprint()
+
+    pieces = list(vocab.token_bytes())
+    assert fingerprint() == vocab.fingerprint()
+    changed = pieces.copy()
+    changed[1000] += b"x"
+    assert fingerprint(bytes=changed) != vocab.fingerprint()
+    moved = pieces.copy()  # the same bytes split elsewhere between two tokens
+    moved[1000], moved[1001] = pieces[1000] + pieces[1001][:1], pieces[1001][1:]
+    assert fingerprint(bytes=moved) != vocab.fingerprint()
+    assert fingerprint(eos=vocab.eos_token_id - 1) != vocab.fingerprint()
+    assert fingerprint(width=vocab.width + 1, bytes=[*pieces, b""]) != vocab.fingerprint()
+
+    special = vocab.special_ids()[0]
+
+    class Renamed:  # the same tokenizer, one special token spelt otherwise
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def convert_ids_to_tokens(self, token_id):
+            return "<|renamed|>" if token_id == special else tok.convert_ids_to_tokens(token_id)
+
+    renamed = Vocab(Renamed(), vocab.width, vocab.eos_token_id, key="renamed")
+    renamed._built.update(bytes=pieces, special_ids=vocab.special_ids())
+    assert renamed.fingerprint() != vocab.fingerprint()

@@ -199,17 +199,19 @@ class Vocab:
         self.xgrammar()
 
     def fingerprint(self) -> str:
-        """A SHA-256 of what the backends see of this tokenizer (ids, pieces, specials, width,
-        EOS): a compiled grammar is only ever loaded for the tokenizer it was compiled for."""
+        """A SHA-256 of what the backends see of this tokenizer (each id's bytes, the special
+        ids and their text, width, EOS): a compiled grammar is only ever loaded for the
+        tokenizer it was compiled for. Over ``token_bytes``, which every first request
+        builds anyway: 20 ms for Qwen's 152k tokens, against 0.16 s from the pieces (#55)."""
 
         def build() -> str:
-            tok = self.tokenizer
+            pieces = self.token_bytes()
+            specials = self.special_ids()
+            texts = [str(self.tokenizer.convert_ids_to_tokens(i)) for i in specials]
             digest = hashlib.sha256(f"{self.width}|{self.eos_token_id}|".encode())
-            pieces = tok.get_vocab()
-            ordered = sorted(pieces, key=pieces.__getitem__)  # by id: 0.1 s for 150k
-            digest.update(array("q", [pieces[p] for p in ordered]).tobytes())
-            digest.update("\0".join(ordered).encode("utf-8", "surrogatepass"))
-            digest.update(json.dumps(self.special_ids()).encode())
+            digest.update(array("q", map(len, pieces)).tobytes())  # (the joined bytes split)
+            digest.update(b"".join(pieces))
+            digest.update(json.dumps([specials, texts]).encode())
             return digest.hexdigest()
 
         return self._once("fingerprint", build)
