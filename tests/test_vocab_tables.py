@@ -303,7 +303,11 @@ def test_fingerprint_follows_what_the_backends_see(vocab: Vocab) -> None:
     moved[1000], moved[1001] = pieces[1000] + pieces[1001][:1], pieces[1001][1:]
     assert fingerprint(bytes=moved) != vocab.fingerprint()
     assert fingerprint(eos=vocab.eos_token_id - 1) != vocab.fingerprint()
+    # one more id past the tokenizer (a wider logits row): told apart by the lengths
     assert fingerprint(width=vocab.width + 1, bytes=[*pieces, b""]) != vocab.fingerprint()
+    specials = vocab.special_ids()
+    fewer = fingerprint(bytes=pieces, special_ids=specials[1:])  # one id no longer special
+    assert fewer != vocab.fingerprint()
 
     special = vocab.special_ids()[0]
 
