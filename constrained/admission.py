@@ -27,7 +27,7 @@ from typing import Any
 
 from constrained.engine_processors import engine_applies, keys_of_others, refuse_not_applied
 from constrained.frontend import find_input_processor, loaded_tokenizer, self_at
-from constrained.helper_cpus import leave_compute_cpus
+from constrained.helper_cpus import leave_compute_cpus, run_when_idle
 from constrained.options import OptionError, Options
 from constrained.request_options import (
     MEMO_SIZE,
@@ -138,7 +138,7 @@ def _holds_vllm_tokenizer() -> bool:
 
 WARM_POLL_S = 0.2  # how often the warm-up looks for the served tokenizer
 WARM_PATIENCE_S = 900.0  # then gives up: the first constrained request builds the tables
-_WARMING: dict[tuple[str, int, bool], threading.Thread] = {}
+_WARMING: dict[tuple[Any, ...], threading.Thread] = {}
 _WARMING_LOCK = threading.Lock()
 
 
@@ -166,9 +166,10 @@ def warm_when_served(
 
     def wait_then_warm() -> None:
         from constrained.grammars.vocab import is_loaded
-        from constrained.grammars.vocab_tables import build_tables
+        from constrained.grammars.vocab_tables import build_tables, one_table
 
         leave_compute_cpus()
+        run_when_idle()
         record = _record_of(model_config, width, reads_tokenizer)
         deadline = time.monotonic() + WARM_PATIENCE_S
         while not (
@@ -180,15 +181,54 @@ def warm_when_served(
                 return
             time.sleep(WARM_POLL_S)
         try:
-            build_tables(served_vocab(model_config, width, reads_tokenizer=reads_tokenizer))
+            with one_table():
+                vocab = served_vocab(model_config, width, reads_tokenizer=reads_tokenizer)
+            build_tables(vocab)
         except Exception:  # the first constrained request builds it, and reports what fails
             return
 
-    key = (path, width, reads_tokenizer)
+    return _warm_once((path, width, reads_tokenizer), wait_then_warm)
+
+
+def warm_admission(input_processor: Any) -> threading.Thread | None:
+    """Build what this frontend's first constrained admission reads (``vocab_tables.
+    build_admission_tables``: the served vocabulary over the tokenizer the frontend loaded,
+    the tokenizer's record for the workers, llguidance's tokenizer: 0.65-0.75 s for Qwen2 on
+    two cores) in a daemon thread, started as soon as vLLM's ``InputProcessor`` is built
+    (``plugin.register``). The engine core starts after that, and the frontend only waits
+    for it meanwhile: the first request then admits as fast as later ones, and a worker of
+    its own finds the record in the store (``warm_when_served``) before its first request
+    (#55). ``None`` (nothing started) where the engine applies no constraint of ours or the
+    frontend holds no tokenizer (a constraint is refused at admission then)."""
+    from constrained.grammars.vocab_tables import build_admission_tables, one_table
+
+    model_config = getattr(input_processor, "model_config", None)
+    tokenizer = loaded_tokenizer(input_processor)
+    if model_config is None or tokenizer is None:
+        return None
+    applied, _ = engine_applies(model_config, getattr(input_processor, "vllm_config", None))
+    if "json_schema" not in applied:  # (the grammar processor applies every constraint)
+        return None
+    width = int(model_config.get_vocab_size())
+
+    def warm() -> None:
+        run_when_idle()
+        try:
+            with one_table():  # the token bytes and the record
+                vocab = served_vocab(model_config, width, tokenizer=tokenizer)
+            build_admission_tables(vocab)
+        except Exception:  # the first constrained request builds them, and reports what fails
+            return
+
+    return _warm_once((tokenizer_path(model_config), width, "admission"), warm)
+
+
+def _warm_once(key: tuple[Any, ...], warm: Any) -> threading.Thread:
+    """The warm-up thread of ``key``, started with ``warm`` unless one already was."""
     with _WARMING_LOCK:
         thread = _WARMING.get(key)
         if thread is None:
-            thread = threading.Thread(target=wait_then_warm, name="constrained-warm", daemon=True)
+            thread = threading.Thread(target=warm, name="constrained-warm", daemon=True)
             thread.start()
             _WARMING[key] = thread
         return thread

@@ -1,18 +1,25 @@
-"""vLLM's ``InputProcessor`` found on the call stack: the one place that finds the engine's
-config at admission.
+"""vLLM's ``InputProcessor``: the one place that knows vLLM's frontend, found on the call stack
+at admission, and told when it is built.
 
 ``validate_params`` is a classmethod that vLLM calls with only the request's parameters; the
 engine's config (logits width, tokenizer, the ``--logits-processors`` flag) and the loaded
-tokenizer live on the ``InputProcessor`` that calls it, a few frames up.
+tokenizer live on the ``InputProcessor`` that calls it, a few frames up. vLLM builds that
+``InputProcessor`` before it starts the engine core, and nothing of ours runs in the frontend
+then: ``call_after_init`` runs a hook of ours right after it is built (``plugin.register``).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from constrained.engine_processors import names_ours
+
+logger = logging.getLogger(__name__)
 
 # How far up the stack vLLM's InputProcessor sits above ``validate_params`` (4 in vLLM 0.32).
 
@@ -98,3 +105,29 @@ def flag_on_stack_names_ours(frame: FrameType | None) -> bool:
     finally:
         del frame
     return names_ours(getattr(owner.model_config, "logits_processors", None))
+
+
+def call_after_init(hook: Callable[[Any], object]) -> None:
+    """Run ``hook(input_processor)`` after each ``InputProcessor`` vLLM builds from now on (in
+    this process: ``LLM``'s, ``AsyncLLM``'s, each API server's). Once per hook; a hook that
+    raises is logged and never fails vLLM's start-up."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    init = InputProcessor.__init__
+    hooks: list[Callable[[Any], object]] | None = getattr(init, "_constrained_hooks", None)
+    if hooks is None:
+        hooks = []
+
+        @functools.wraps(init)
+        def init_then_hooks(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            for each in hooks:
+                try:
+                    each(self)
+                except Exception:  # ours is an optimisation: vLLM starts without it
+                    logger.warning("constrained: %s failed", each.__name__, exc_info=True)
+
+        init_then_hooks._constrained_hooks = hooks  # type: ignore[attr-defined]
+        InputProcessor.__init__ = init_then_hooks  # type: ignore[method-assign]
+    if hook not in hooks:
+        hooks.append(hook)

@@ -137,6 +137,17 @@ def leave_compute_cpus() -> None:
             logger.warning("constrained: helper threads stay on the worker's cores: %s", error)
 
 
+def run_when_idle() -> None:
+    """Lower the calling thread to the lowest CPU priority (``nice`` 19; Linux sets it per
+    thread, and the threads it starts inherit it): a warm-up, which only has to be ahead of
+    the first request, then takes no CPU that the engine's start-up or its steps want.
+    Never raises (where it cannot, the thread keeps its priority)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        return
+
+
 def built_off_compute(build: Callable[[], T]) -> T:
     """``build()`` run in a short thread that has left the compute cores: for a native pool
     (llguidance's ``LLExecutor``) whose threads take the CPUs of the thread that builds it,

@@ -13,6 +13,11 @@ engine whose ``logits_processors`` also names one of ours: code written for the 
 working, in its own order and subset, and nothing is applied twice. Which options an engine
 then applies, and which keys it reads, is ``engine_processors``'.
 
+**The frontend.** ``register`` (entry point ``constrained`` of ``vllm.general_plugins``,
+which vLLM calls in each of its processes before it builds an engine) has the frontend build
+what its first constrained admission reads as soon as vLLM's ``InputProcessor`` is built,
+while the engine core starts (``admission.warm_admission``).
+
 **The server.** ``EndpointPlugin`` (entry point ``constrained`` of ``vllm.endpoint_plugins``;
 vLLM loads it only when ``VLLM_PLUGINS`` names ``constrained``) adds our middleware
 (``stream_checks.check_xargs_off_the_loop``) and turns on the routing of ``response_format``,
@@ -25,8 +30,9 @@ import os
 import sys
 from typing import Any
 
+from constrained.admission import warm_admission
 from constrained.engine_processors import entry_points_active, resolve_processor
-from constrained.frontend import flag_on_stack_names_ours
+from constrained.frontend import call_after_init, flag_on_stack_names_ours
 from constrained.processor_table import PROCESSORS, Processor
 from constrained.request_options import nothing_to_admit
 
@@ -81,6 +87,14 @@ def _entry_point_class(row: Processor) -> type:
 # of this module, as the entry points of pyproject.toml say (processor_table.entry_points).
 ENTRY_POINT_CLASSES: tuple[type, ...] = tuple(_entry_point_class(row) for row in PROCESSORS)
 globals().update({cls.__name__: cls for cls in ENTRY_POINT_CLASSES})
+
+
+# ---- the frontend ----------------------------------------------------------------------------
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: warm admission's tables in each frontend."""
+    call_after_init(warm_admission)
 
 
 # ---- the server ------------------------------------------------------------------------------

@@ -178,3 +178,19 @@ def test_a_malformed_binding_leaves_the_thread_where_it_is(monkeypatch, caplog):
 def test_a_failed_build_raises_in_the_caller():
     with pytest.raises(KeyError, match="nope"):
         built_off_compute(lambda: {}["nope"])
+
+
+def test_a_warm_up_thread_runs_at_the_lowest_priority_and_no_other():
+    # run_when_idle lowers its own thread only (Linux: a priority per thread).
+    seen: dict[str, int] = {}
+
+    def warm_up() -> None:
+        helper_cpus.run_when_idle()
+        seen["warm"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=warm_up)
+    thread.start()
+    thread.join(timeout=60)
+    assert seen["warm"] == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

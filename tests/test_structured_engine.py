@@ -430,3 +430,18 @@ def test_our_threads_in_the_pinned_worker_run_off_its_compute_core(llm):
     off = [tid for tid, cpus in threads.items() if not cpus & pinned]
     assert len(off) >= 2, threads  # the fill thread and llguidance's pool at least
     assert all(threads[tid] == spare for tid in off)
+
+
+def test_the_frontend_warms_admission_while_the_engine_starts(llm):
+    # Our vllm.general_plugins entry point: vLLM's InputProcessor, built before the engine
+    # core, started the frontend's warm-up (the only caller of warm_admission is that hook).
+    from constrained import admission
+    from constrained.grammars.vocab import is_loaded
+
+    config = llm.llm_engine.model_config
+    path, width = admission.tokenizer_path(config), config.get_vocab_size()
+    thread = admission._WARMING[(path, width, "admission")]
+    thread.join(timeout=120)
+    assert not thread.is_alive() and is_loaded(path, width)
+    out = generate(llm, 1, max_tokens=64, json_schema=PERSON)[0]
+    assert out.finish_reason == "stop" and jsonschema.validate(json.loads(out.text), PERSON) is None

@@ -152,3 +152,101 @@ def test_a_table_s_build_waits_for_no_other_table(tiny_model_dir) -> None:
     release.set()
     builder.join(timeout=60)
     assert vocab._once("slow", lambda: "again") == "slow"  # built once
+
+
+# What a frontend's first admission reads of the vocabulary (``build_admission_tables``).
+ADMISSION_READS = ("bytes", "fingerprint", "llguidance", "finite_numbers",
+                   "closing_ranks_True", "closing_ranks_False")  # fmt: skip
+
+
+def _vllm_config(tiny_model_dir: str) -> object:
+    from vllm.engine.arg_utils import EngineArgs
+
+    from constrained.demo import engine_kwargs
+
+    # (EngineArgs loads vLLM's general plugins: ours has InputProcessor warm the frontend.)
+    return EngineArgs(model=tiny_model_dir, **engine_kwargs()).create_engine_config()
+
+
+def test_vllm_s_frontend_warms_what_admission_reads_once_built(tiny_model_dir, monkeypatch):
+    # vLLM builds its InputProcessor (which loads the tokenizer) before it starts the engine
+    # core: from then on the frontend builds the vocabulary, its record for the workers and
+    # the tables the first admission reads, instead of that admission.
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    monkeypatch.setattr(admission, "_WARMING", {})
+    config = _vllm_config(tiny_model_dir)
+    InputProcessor(config)
+    path = admission.tokenizer_path(config.model_config)
+    width = config.model_config.get_vocab_size()
+    thread = admission._WARMING[(path, width, "admission")]
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    vocab = load_vocab(path, width)
+    assert set(ADMISSION_READS) <= set(vocab._built)
+    store, key = admission._record_of(config.model_config, width, False)
+    assert store.has(key)  # the record a worker of its own reads
+
+
+def test_no_warm_up_where_the_engine_applies_no_constraint_of_ours(tiny_model_dir, monkeypatch):
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from constrained import settings
+
+    monkeypatch.setattr(admission, "_WARMING", {})
+    monkeypatch.setenv("CONSTRAINED_ENTRY_POINTS", "0")  # opted out: vLLM builds none of ours
+    settings.reset()
+    try:
+        owner = InputProcessor(_vllm_config(tiny_model_dir))
+        assert admission.warm_admission(owner) is None and not admission._WARMING
+    finally:
+        monkeypatch.undo()
+        settings.reset()
+
+
+def test_a_fork_waits_for_the_table_under_way() -> None:
+    # vLLM forks its engine core from the frontend by default (no CUDA there): a child must
+    # not inherit a table half built, nor its build's lock held by a thread it does not have.
+    import os
+
+    from constrained.grammars.vocab_tables import _BETWEEN_TABLES, build_in_turn
+
+    started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(timeout=60)
+        done.set()
+
+    builder = threading.Thread(target=build_in_turn, args=([slow, lambda: None],))
+    builder.start()
+    assert started.wait(timeout=60)
+    threading.Timer(0.2, release.set).start()
+    pid = os.fork()  # returns once the slow build is done
+    if pid == 0:  # the child: the build was done before it, and the lock is free
+        free = _BETWEEN_TABLES.acquire(timeout=10)
+        os._exit(0 if done.is_set() and free else 1)
+    _, status = os.waitpid(pid, 0)
+    builder.join(timeout=60)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_forked_child_compiles_with_a_pool_of_its_own(tiny_model_dir) -> None:
+    # The parent's compile pool threads are not in the child: it builds its own compiler.
+    import os
+
+    from constrained.grammars import GrammarSpec, compiler_for
+
+    vocab = load_vocab(tiny_model_dir, WIDTH)
+    compiler = compiler_for(vocab)
+    compiler.compile(GrammarSpec("regex", "[ab]{1,3}"))  # the pool has started its threads
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fresh = compiler_for(vocab)
+            fresh.compile(GrammarSpec("regex", "[cd]{1,3}"), timeout=60)
+            os._exit(0 if fresh is not compiler else 2)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -186,6 +187,9 @@ class GrammarCompiler:
 
 _COMPILERS: dict[str, GrammarCompiler] = {}
 _COMPILERS_LOCK = threading.Lock()
+# A forked child (vLLM's engine core, by default where CUDA is not initialised) has none of
+# the compile pools' threads: it starts its own compilers.
+os.register_at_fork(after_in_child=_COMPILERS.clear)
 
 
 def compiler_for(vocab: Vocab) -> GrammarCompiler:
