@@ -166,10 +166,9 @@ def warm_when_served(
 
     def wait_then_warm() -> None:
         from constrained.grammars.vocab import is_loaded
-        from constrained.grammars.vocab_tables import build_tables, one_table
+        from constrained.grammars.vocab_tables import build_tables
 
         leave_compute_cpus()
-        run_when_idle()
         record = _record_of(model_config, width, reads_tokenizer)
         deadline = time.monotonic() + WARM_PATIENCE_S
         while not (
@@ -181,9 +180,7 @@ def warm_when_served(
                 return
             time.sleep(WARM_POLL_S)
         try:
-            with one_table():
-                vocab = served_vocab(model_config, width, reads_tokenizer=reads_tokenizer)
-            build_tables(vocab)
+            build_tables(served_vocab(model_config, width, reads_tokenizer=reads_tokenizer))
         except Exception:  # the first constrained request builds it, and reports what fails
             return
 
@@ -199,12 +196,15 @@ def warm_admission(input_processor: Any) -> threading.Thread | None:
     for it meanwhile: the first request then admits as fast as later ones, and a worker of
     its own finds the record in the store (``warm_when_served``) before its first request
     (#55). ``None`` (nothing started) where the engine applies no constraint of ours or the
-    frontend holds no tokenizer (a constraint is refused at admission then)."""
+    frontend holds no tokenizer (a constraint is refused at admission then), or not a fast
+    Hugging Face one (Mistral's: the vocabulary would load another, which the first
+    constrained request does instead, as before)."""
+    from constrained.grammars.vocab import is_fast_hf
     from constrained.grammars.vocab_tables import build_admission_tables, one_table
 
     model_config = getattr(input_processor, "model_config", None)
     tokenizer = loaded_tokenizer(input_processor)
-    if model_config is None or tokenizer is None:
+    if model_config is None or not is_fast_hf(tokenizer):
         return None
     applied, _ = engine_applies(model_config, getattr(input_processor, "vllm_config", None))
     if "json_schema" not in applied:  # (the grammar processor applies every constraint)

@@ -137,13 +137,18 @@ def leave_compute_cpus() -> None:
             logger.warning("constrained: helper threads stay on the worker's cores: %s", error)
 
 
+WARM_UP_NICE = 10  # about a tenth of a busy core's time: out of the way, never starved
+
+
 def run_when_idle() -> None:
-    """Lower the calling thread to the lowest CPU priority (``nice`` 19; Linux sets it per
-    thread, and the threads it starts inherit it): a warm-up, which only has to be ahead of
-    the first request, then takes no CPU that the engine's start-up or its steps want.
-    Never raises (where it cannot, the thread keeps its priority)."""
+    """Lower the calling thread's CPU priority to ``nice`` ``WARM_UP_NICE`` (Linux sets it per
+    thread; the threads it starts inherit it, and it cannot be raised back): the frontend's
+    warm-up, which only has to be ahead of the first request, then leaves the CPU to the
+    engine's start-up. Not the lowest: a request that waits for a table under way, or for
+    the GIL the thread holds, waits for a thread that still runs. Never raises (where it
+    cannot, the thread keeps its priority)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
     except (AttributeError, OSError):
         return
 

@@ -26,6 +26,7 @@ vLLM loads it only when ``VLLM_PLUGINS`` names ``constrained``) adds our middlew
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -35,6 +36,8 @@ from constrained.engine_processors import entry_points_active, resolve_processor
 from constrained.frontend import call_after_init, flag_on_stack_names_ours
 from constrained.processor_table import PROCESSORS, Processor
 from constrained.request_options import nothing_to_admit
+
+logger = logging.getLogger(__name__)
 
 ENDPOINT_GROUP = "vllm.endpoint_plugins"
 PLUGIN_NAME = "constrained"  # the name VLLM_PLUGINS must list for the server side
@@ -93,8 +96,13 @@ globals().update({cls.__name__: cls for cls in ENTRY_POINT_CLASSES})
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: warm admission's tables in each frontend."""
-    call_after_init(warm_admission)
+    """The ``vllm.general_plugins`` entry point: warm admission's tables in each frontend.
+    vLLM calls it in each of its processes, unguarded: it never raises (without it, the first
+    constrained request builds the tables)."""
+    try:
+        call_after_init(warm_admission)
+    except Exception:  # vLLM moved its InputProcessor
+        logger.warning("constrained: the frontend's warm-up is off", exc_info=True)
 
 
 # ---- the server ------------------------------------------------------------------------------

@@ -180,7 +180,7 @@ def test_a_failed_build_raises_in_the_caller():
         built_off_compute(lambda: {}["nope"])
 
 
-def test_a_warm_up_thread_runs_at_the_lowest_priority_and_no_other():
+def test_a_warm_up_thread_runs_at_a_lower_priority_and_no_other():
     # run_when_idle lowers its own thread only (Linux: a priority per thread).
     seen: dict[str, int] = {}
 
@@ -192,5 +192,5 @@ def test_a_warm_up_thread_runs_at_the_lowest_priority_and_no_other():
     thread = threading.Thread(target=warm_up)
     thread.start()
     thread.join(timeout=60)
-    assert seen["warm"] == 19
+    assert seen["warm"] == helper_cpus.WARM_UP_NICE > before
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

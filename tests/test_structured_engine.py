@@ -433,8 +433,9 @@ def test_our_threads_in_the_pinned_worker_run_off_its_compute_core(llm):
 
 
 def test_the_frontend_warms_admission_while_the_engine_starts(llm):
-    # Our vllm.general_plugins entry point: vLLM's InputProcessor, built before the engine
-    # core, started the frontend's warm-up (the only caller of warm_admission is that hook).
+    # Our vllm.general_plugins entry point, as vLLM loads it: its InputProcessor, built before
+    # the engine core, started the frontend's warm-up (the only caller of warm_admission is
+    # that hook; what it builds is tests/test_warm_up.py's).
     from constrained import admission
     from constrained.grammars.vocab import is_loaded
 

@@ -168,24 +168,59 @@ def _vllm_config(tiny_model_dir: str) -> object:
     return EngineArgs(model=tiny_model_dir, **engine_kwargs()).create_engine_config()
 
 
-def test_vllm_s_frontend_warms_what_admission_reads_once_built(tiny_model_dir, monkeypatch):
+def _threads_at_warm_up_nice() -> list[str]:
+    """This process's threads at the warm-up's priority (``/proc``: the 19th field is nice)."""
+    from pathlib import Path
+
+    from constrained.helper_cpus import WARM_UP_NICE
+
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that just ended)
+            continue
+        if int(fields[16]) == WARM_UP_NICE:
+            found.append(task.name)
+    return found
+
+
+def test_vllm_s_frontend_warms_what_admission_reads_once_built(
+    tiny_model_dir, monkeypatch, tmp_path
+):
     # vLLM builds its InputProcessor (which loads the tokenizer) before it starts the engine
     # core: from then on the frontend builds the vocabulary, its record for the workers and
-    # the tables the first admission reads, instead of that admission.
+    # the tables the first admission reads, instead of that admission. Here with no
+    # vocabulary in the process and an empty store, as on a machine's first engine.
     from vllm.v1.engine.input_processor import InputProcessor
 
+    from constrained import settings
+
     monkeypatch.setattr(admission, "_WARMING", {})
-    config = _vllm_config(tiny_model_dir)
-    InputProcessor(config)
-    path = admission.tokenizer_path(config.model_config)
-    width = config.model_config.get_vocab_size()
-    thread = admission._WARMING[(path, width, "admission")]
-    thread.join(timeout=120)
-    assert not thread.is_alive()
-    vocab = load_vocab(path, width)
-    assert set(ADMISSION_READS) <= set(vocab._built)
-    store, key = admission._record_of(config.model_config, width, False)
-    assert store.has(key)  # the record a worker of its own reads
+    monkeypatch.setattr(vocab_module, "_VOCABS", {})
+    monkeypatch.setenv("CONSTRAINED_GRAMMAR_STORE", str(tmp_path / "store"))
+    settings.reset()
+    try:
+        config = _vllm_config(tiny_model_dir)
+        path = admission.tokenizer_path(config.model_config)
+        width = config.model_config.get_vocab_size()
+        store, key = admission._record_of(config.model_config, width, False)
+        assert not vocab_module.is_loaded(path, width) and not store.has(key)
+        InputProcessor(config)
+        thread = admission._WARMING[(path, width, "admission")]
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        assert vocab_module.is_loaded(path, width) and store.has(key)  # the workers' record
+        vocab = load_vocab(path, width)
+        assert set(ADMISSION_READS) <= set(vocab._built) and not vocab.from_record
+        # It left no thread at its priority (its own thread may take a moment to go).
+        deadline = time.monotonic() + 30
+        while _threads_at_warm_up_nice() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads_at_warm_up_nice() == []
+    finally:
+        monkeypatch.undo()
+        settings.reset()
 
 
 def test_no_warm_up_where_the_engine_applies_no_constraint_of_ours(tiny_model_dir, monkeypatch):
@@ -224,11 +259,13 @@ def test_a_fork_waits_for_the_table_under_way() -> None:
     threading.Timer(0.2, release.set).start()
     pid = os.fork()  # returns once the slow build is done
     if pid == 0:  # the child: the build was done before it, and the lock is free
-        free = _BETWEEN_TABLES.acquire(timeout=10)
-        os._exit(0 if done.is_set() and free else 1)
-    _, status = os.waitpid(pid, 0)
+        code = 1
+        try:
+            code = 0 if done.is_set() and _BETWEEN_TABLES.acquire(timeout=10) else 2
+        finally:
+            os._exit(code)
     builder.join(timeout=60)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_exit_code(pid) == 0
 
 
 def test_a_forked_child_compiles_with_a_pool_of_its_own(tiny_model_dir) -> None:
@@ -242,11 +279,27 @@ def test_a_forked_child_compiles_with_a_pool_of_its_own(tiny_model_dir) -> None:
     compiler.compile(GrammarSpec("regex", "[ab]{1,3}"))  # the pool has started its threads
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             fresh = compiler_for(vocab)
             fresh.compile(GrammarSpec("regex", "[cd]{1,3}"), timeout=60)
-            os._exit(0 if fresh is not compiler else 2)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+            code = 0 if fresh is not compiler else 2
+        finally:
+            os._exit(code)
+    assert child_exit_code(pid) == 0
+
+
+def child_exit_code(pid: int, patience_s: float = 120.0) -> int | None:
+    """The forked child's exit code; ``None`` (and the child killed) if it hangs."""
+    import os
+    import signal
+
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None

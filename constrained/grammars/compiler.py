@@ -187,9 +187,18 @@ class GrammarCompiler:
 
 _COMPILERS: dict[str, GrammarCompiler] = {}
 _COMPILERS_LOCK = threading.Lock()
-# A forked child (vLLM's engine core, by default where CUDA is not initialised) has none of
-# the compile pools' threads: it starts its own compilers.
-os.register_at_fork(after_in_child=_COMPILERS.clear)
+
+
+def _forget_compilers() -> None:
+    """In a forked child (vLLM's engine core, by default where CUDA is not initialised): none
+    of the compile pools' threads are there, nor whichever thread held the lock, so the
+    child starts compilers of its own."""
+    global _COMPILERS_LOCK
+    _COMPILERS.clear()
+    _COMPILERS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_compilers)
 
 
 def compiler_for(vocab: Vocab) -> GrammarCompiler:

@@ -329,14 +329,14 @@ def _build(
 ) -> Vocab:
     def load() -> Any:
         found = find_tokenizer() if find_tokenizer is not None else None
-        return found if _is_fast_hf(found) else _load_tokenizer(path)
+        return found if is_fast_hf(found) else _load_tokenizer(path)
 
     name = f"{path}@{width}"
     store = records.find_store() if records is not None else None
     record_at = None
     if store is not None:
         record_at = record_key(path, width, eos_token_id, records.parts)
-    if not _is_fast_hf(tok):
+    if not is_fast_hf(tok):
         record = load_record(store, record_at) if record_at is not None else None
         if record is not None:
             stand_in = record.tokenizer
@@ -369,12 +369,12 @@ def _rust_core(tokenizer: Any) -> Any:
     its ``encode`` is the one ``transformers`` calls, without the Python around it."""
     if isinstance(tokenizer, StoredTokenizer):
         return tokenizer.backend_tokenizer
-    if not _is_fast_hf(tokenizer):
+    if not is_fast_hf(tokenizer):
         return None
     return getattr(tokenizer, "backend_tokenizer", None)
 
 
-def _is_fast_hf(tokenizer: Any) -> bool:
+def is_fast_hf(tokenizer: Any) -> bool:
     """A Hugging Face fast tokenizer (vLLM wraps them in subclasses; Mistral's is not one)."""
     if tokenizer is None:
         return False

@@ -27,9 +27,10 @@ from constrained.grammars.finite_matcher import tokens_of
 from constrained.grammars.token_shapes import utf8_seams
 from constrained.grammars.vocab import Vocab
 
-# A fork waits for the table under way (vLLM starts its engine core and workers with fork by
-# default, unless CUDA is initialised): the child never holds a table half built, nor a
-# build's lock that a thread it does not have would release.
+# A fork waits for the frontend's table under way (vLLM forks its engine core from the
+# frontend by default, unless CUDA is initialised): the child never holds a table half built,
+# nor a build's lock that a thread it does not have would release. (Each build under it
+# reads the tokenizer the frontend holds: nothing is loaded, no I/O but the record's write.)
 _BETWEEN_TABLES = threading.RLock()  # (a build that forks itself goes on)
 os.register_at_fork(
     before=_BETWEEN_TABLES.acquire,
@@ -55,21 +56,20 @@ def build_in_turn(builds: list[Callable[[], object]]) -> None:
 def build_tables(vocab: Vocab) -> None:
     """Build the tables a first JSON-schema, regex or grammar row reads, those every row
     reads first (a first row may be waiting for the one under way)."""
-    build_in_turn([
-        vocab.fingerprint,  # the store's keys
-        vocab.llguidance,  # every llguidance row's matcher
-        lambda: tokens_of(vocab),  # the finite-number rule: every JSON row
-        lambda: token_ranks(vocab, closers_first=True),  # closing's two finishing orders
-        lambda: token_ranks(vocab, closers_first=False),
-        lambda: utf8_seams(vocab),  # closing: characters a token leaves half written
-        vocab.warm,  # the rest: the core closing's respelling encodes with, xgrammar's
-    ])  # fmt: skip
+    vocab.fingerprint()  # the store's keys
+    vocab.llguidance()  # every llguidance row's matcher
+    tokens_of(vocab)  # the finite-number rule: every JSON row
+    token_ranks(vocab, closers_first=True)  # closing's two finishing orders
+    token_ranks(vocab, closers_first=False)
+    utf8_seams(vocab)  # closing: characters a token leaves half written
+    vocab.warm()  # the rest: the core closing's respelling encodes with, xgrammar's tokenizer
 
 
 def build_admission_tables(vocab: Vocab) -> None:
-    """Build the tables a first admission reads (its compile and its budget check's walk):
-    for Qwen2 on two cores, the token bytes and the record (built with the vocabulary) 0.3 s,
-    llguidance's tokenizer 0.25-0.3 s, the finite-number table 0.04 s, closing's orders."""
+    """Build the tables a first admission reads (its compile and its budget check's walk),
+    one at a time (``one_table``): for Qwen2 on two cores, the token bytes and the record
+    (built with the vocabulary) 0.3 s, llguidance's tokenizer 0.25-0.3 s, the finite-number
+    table 0.04 s, closing's orders."""
     build_in_turn([
         vocab.fingerprint,  # the store's keys
         vocab.llguidance,  # the budget check walks a matcher
