@@ -27,7 +27,7 @@ from typing import Any
 
 from constrained.engine_processors import engine_applies, keys_of_others, refuse_not_applied
 from constrained.frontend import find_input_processor, loaded_tokenizer, self_at
-from constrained.helper_cpus import leave_compute_cpus, run_when_idle
+from constrained.helper_cpus import leave_compute_cpus, lower_warm_up_priority
 from constrained.options import OptionError, Options
 from constrained.request_options import (
     MEMO_SIZE,
@@ -212,7 +212,7 @@ def warm_admission(input_processor: Any) -> threading.Thread | None:
     width = int(model_config.get_vocab_size())
 
     def warm() -> None:
-        run_when_idle()
+        lower_warm_up_priority()
         try:
             with one_table():  # the token bytes and the record
                 vocab = served_vocab(model_config, width, tokenizer=tokenizer)

@@ -109,25 +109,21 @@ def flag_on_stack_names_ours(frame: FrameType | None) -> bool:
 
 def call_after_init(hook: Callable[[Any], object]) -> None:
     """Run ``hook(input_processor)`` after each ``InputProcessor`` vLLM builds from now on (in
-    this process: ``LLM``'s, ``AsyncLLM``'s, each API server's). Once per hook; a hook that
-    raises is logged and never fails vLLM's start-up."""
+    this process: ``LLM``'s, ``AsyncLLM``'s, each API server's), once however often this is
+    called; a hook that raises is logged and never fails vLLM's start-up."""
     from vllm.v1.engine.input_processor import InputProcessor
 
     init = InputProcessor.__init__
-    hooks: list[Callable[[Any], object]] | None = getattr(init, "_constrained_hooks", None)
-    if hooks is None:
-        hooks = []
+    if getattr(init, "_constrained_hook", None) is hook:
+        return
 
-        @functools.wraps(init)
-        def init_then_hooks(self: Any, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            for each in hooks:
-                try:
-                    each(self)
-                except Exception:  # ours is an optimisation: vLLM starts without it
-                    logger.warning("constrained: %s failed", each.__name__, exc_info=True)
+    @functools.wraps(init)
+    def init_then_hook(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            hook(self)
+        except Exception:  # ours is an optimisation: vLLM starts without it
+            logger.warning("constrained: %s failed", hook.__name__, exc_info=True)
 
-        init_then_hooks._constrained_hooks = hooks  # type: ignore[attr-defined]
-        InputProcessor.__init__ = init_then_hooks  # type: ignore[method-assign]
-    if hook not in hooks:
-        hooks.append(hook)
+    init_then_hook._constrained_hook = hook  # type: ignore[attr-defined]
+    InputProcessor.__init__ = init_then_hook  # type: ignore[method-assign]

@@ -140,7 +140,7 @@ def leave_compute_cpus() -> None:
 WARM_UP_NICE = 10  # about a tenth of a busy core's time: out of the way, never starved
 
 
-def run_when_idle() -> None:
+def lower_warm_up_priority() -> None:
     """Lower the calling thread's CPU priority to ``nice`` ``WARM_UP_NICE`` (Linux sets it per
     thread; the threads it starts inherit it, and it cannot be raised back): the frontend's
     warm-up, which only has to be ahead of the first request, then leaves the CPU to the

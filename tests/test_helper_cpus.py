@@ -181,11 +181,11 @@ def test_a_failed_build_raises_in_the_caller():
 
 
 def test_a_warm_up_thread_runs_at_a_lower_priority_and_no_other():
-    # run_when_idle lowers its own thread only (Linux: a priority per thread).
+    # lower_warm_up_priority lowers its own thread only (Linux: a priority per thread).
     seen: dict[str, int] = {}
 
     def warm_up() -> None:
-        helper_cpus.run_when_idle()
+        helper_cpus.lower_warm_up_priority()
         seen["warm"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -244,7 +244,7 @@ def test_a_fork_waits_for_the_table_under_way() -> None:
     # not inherit a table half built, nor its build's lock held by a thread it does not have.
     import os
 
-    from constrained.grammars.vocab_tables import _BETWEEN_TABLES, build_in_turn
+    from constrained.grammars.vocab_tables import _BETWEEN_TABLES, one_table
 
     started, release, done = threading.Event(), threading.Event(), threading.Event()
 
@@ -253,7 +253,11 @@ def test_a_fork_waits_for_the_table_under_way() -> None:
         release.wait(timeout=60)
         done.set()
 
-    builder = threading.Thread(target=build_in_turn, args=([slow, lambda: None],))
+    def build() -> None:  # as a warm-up builds each table
+        with one_table():
+            slow()
+
+    builder = threading.Thread(target=build)
     builder.start()
     assert started.wait(timeout=60)
     threading.Timer(0.2, release.set).start()

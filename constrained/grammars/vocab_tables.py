@@ -46,13 +46,6 @@ def one_table() -> Iterator[None]:
         yield
 
 
-def build_in_turn(builds: list[Callable[[], object]]) -> None:
-    """Each build, one after another, with a fork let in only between two."""
-    for build in builds:
-        with one_table():
-            build()
-
-
 def build_tables(vocab: Vocab) -> None:
     """Build the tables a first JSON-schema, regex or grammar row reads, those every row
     reads first (a first row may be waiting for the one under way)."""
@@ -70,10 +63,13 @@ def build_admission_tables(vocab: Vocab) -> None:
     one at a time (``one_table``): for Qwen2 on two cores, the token bytes and the record
     (built with the vocabulary) 0.3 s, llguidance's tokenizer 0.25-0.3 s, the finite-number
     table 0.04 s, closing's orders."""
-    build_in_turn([
+    builds: list[Callable[[], object]] = [
         vocab.fingerprint,  # the store's keys
         vocab.llguidance,  # the budget check walks a matcher
         lambda: tokens_of(vocab),  # the finite-number rule: every JSON schema's compile
         lambda: token_ranks(vocab, closers_first=True),  # the budget check's witness walk
         lambda: token_ranks(vocab, closers_first=False),
-    ])  # fmt: skip
+    ]
+    for build in builds:  # a fork is let in only between two
+        with one_table():
+            build()
