@@ -34,11 +34,14 @@ For each shape and configuration a fresh server with an empty compiled-grammar s
 (``CONSTRAINED_GRAMMAR_STORE``, a new temporary directory) is started, warmed up with one
 plain request and one tool request on a tool outside the selection (the process's one-time
 costs: tokenizer tables, the grammar compiler; timed and reported apart), then the shape's
-requests are sent by ``--clients`` concurrent clients (threads, one ``httpx`` client), all of
-them twice: the first pass (every tool schema new to the server) and the second pass (the
-same requests again). Per pass: wall time, per-request latency, output tokens, and for
-every request its tool calls, each call's arguments parsed as JSON and validated with
-``jsonschema`` against that tool's parameters (``tests/output_checks.check_output``);
+requests are sent by ``--clients`` concurrent clients (threads, one ``httpx`` client), in
+three passes: the first (every tool schema new to the server), the second (the same requests
+again: the same seeds, so mostly the same outputs, which finds closing's checks of their rows
+kept too), and a third with new seeds (``NEW_OUTPUTS_SEED`` on: the schemas known, the outputs
+new). The first pass less the third is what the schemas cost new. Per pass: wall time,
+per-request latency, output tokens, and for every request its tool calls, each call's
+arguments parsed as JSON and validated with ``jsonschema`` against that tool's parameters
+(``tests/output_checks.check_output``);
 counted as valid (at least one call, every call valid), finished (``finish_reason`` not
 ``length``) and cut at ``max_tokens``. Shapes alternate which configuration runs first.
 Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
@@ -73,6 +76,8 @@ from benchmarks.common import machine_info, median, percentile, str_list
 from benchmarks.structured.schemas import DEFAULT_MASKBENCH, load_schema
 
 CONFIGS = ("ours", "vllm")
+# The third pass's requests: the same tools, seeds this far on (warm schemas, new outputs).
+NEW_OUTPUTS_SEED = 10_000
 SHAPES = ("named", "required")
 PREFIX = "Glaiveai2K---"
 TOOL_PARSER = "hermes"  # Qwen2/2.5's tool-call format (<tool_call>{JSON}</tool_call>)
@@ -416,6 +421,7 @@ def run_config(
 ) -> dict[str, Any]:
     """One fresh server: warm-up, then the shape's requests twice."""
     requests = shape_requests(shape, tools, args.request_seed, args.max_tokens)
+    fresh = shape_requests(shape, tools, args.request_seed + NEW_OUTPUTS_SEED, args.max_tokens)
     workdir = tmp / f"{shape}-{config}"
     workdir.mkdir()
     with server_of(config, model, workdir) as (server, startup):
@@ -428,8 +434,8 @@ def run_config(
         status, body, tool_s = post(client, server.base, warm)
         warmup = {"plain_s": plain_s, "tool_s": tool_s, "tool": judge(status, body, warm)}
         passes = []
-        for number in (1, 2):
-            wall, records = run_pass(client, server.base, requests, args.clients)
+        for number, sent in ((1, requests), (2, requests), (3, fresh)):
+            wall, records = run_pass(client, server.base, sent, args.clients)
             summary = pass_summary(records, wall)
             passes.append({"pass": number, "summary": summary, "records": records})
             print(
@@ -457,29 +463,34 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["shape"], r["config"]): r for r in runs}
     rows = []
     for (shape, config), run in sorted(by.items(), key=lambda kv: _order(*kv[0])):
-        first, second = (p["summary"] for p in run["passes"])
+        first, second, third = (p["summary"] for p in run["passes"])
         row = {
             "shape": shape,
             "config": config,
             "requests": first["requests"],
             "first_s": first["wall_s"],
             "second_s": second["wall_s"],
+            "third_s": third["wall_s"],
             "cold_penalty_s": first["wall_s"] - second["wall_s"],
+            "schemas_cost_s": first["wall_s"] - third["wall_s"],
             "warmup_tool_s": run["warmup"]["tool_s"],
             "valid_first": first["valid"],
             "valid_second": second["valid"],
+            "valid_third": third["valid"],
             "finished_first": first["finished"],
             "cut_first": first["cut_at_max_tokens"],
             "errors_first": first["errors"],
             "calls_not_strict_json_first": first.get("calls_not_strict_json"),
             "tokens_first": first["completion_tokens"],
             "tokens_second": second["completion_tokens"],
+            "tokens_third": third["completion_tokens"],
         }
         other = by.get((shape, "vllm"))
         if config == "ours" and other:
-            o_first, o_second = (p["summary"]["wall_s"] for p in other["passes"])
+            o_first, o_second, o_third = (p["summary"]["wall_s"] for p in other["passes"])
             row["first_ratio_ours_over_vllm"] = first["wall_s"] / o_first
             row["second_ratio_ours_over_vllm"] = second["wall_s"] / o_second
+            row["third_ratio_ours_over_vllm"] = third["wall_s"] / o_third
         rows.append(row)
     return rows
 
@@ -499,11 +510,13 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
             (r for r in rows if r["shape"] == shape), key=lambda r: _order(shape, r["config"])
         )
         for i, r in enumerate(mine):
-            for j, (key, label) in enumerate((("first_s", "first"), ("second_s", "second"))):
-                x = i + (j - 0.5) * 0.38
-                ax.bar(x, r[key], 0.36, color=COLORS.get(r["config"], "#777777"),
-                       alpha=1.0 if j == 0 else 0.5)  # fmt: skip
-                valid = r["valid_first"] if j == 0 else r["valid_second"]
+            bars = (("first_s", "first", "valid_first"), ("second_s", "second", "valid_second"),
+                    ("third_s", "new outputs", "valid_third"))  # fmt: skip
+            for j, (key, label, valid_key) in enumerate(bars):
+                x = i + (j - 1) * 0.27
+                ax.bar(x, r[key], 0.25, color=COLORS.get(r["config"], "#777777"),
+                       alpha=(1.0, 0.5, 0.75)[j])  # fmt: skip
+                valid = r[valid_key]
                 ax.text(x, r[key], f"{label}\n{r[key]:.1f} s\nvalid {valid}/{r['requests']}",
                         ha="center", va="bottom", fontsize=8)  # fmt: skip
         top = max([1.0, *(r["first_s"] for r in mine)])
@@ -514,7 +527,8 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
         ratio = ""
         if ours:
             ratio = (f"\nours/vllm: first {ours['first_ratio_ours_over_vllm']:.2f}, "
-                     f"second {ours['second_ratio_ours_over_vllm']:.2f}")  # fmt: skip
+                     f"second {ours['second_ratio_ours_over_vllm']:.2f}, "
+                     f"new outputs {ours['third_ratio_ours_over_vllm']:.2f}")  # fmt: skip
         title = "named tool_choice, 1 tool" if shape == "named" else "required, 2 tools"
         ax.set_title(f"{title}, {mine[0]['requests']} requests{ratio}", fontsize=10)
     s, m = record["settings"], record["machine"]
@@ -607,11 +621,13 @@ def main(argv: list[str] | None = None) -> int:
         ratios = ""
         if "first_ratio_ours_over_vllm" in row:
             ratios = (f"  ours/vllm first {row['first_ratio_ours_over_vllm']:.2f} "
-                      f"second {row['second_ratio_ours_over_vllm']:.2f}")  # fmt: skip
+                      f"second {row['second_ratio_ours_over_vllm']:.2f} "
+                      f"new outputs {row['third_ratio_ours_over_vllm']:.2f}")  # fmt: skip
         print(
             f"{row['shape']:8s} {row['config']:4s} first {row['first_s']:7.2f} s  second "
-            f"{row['second_s']:7.2f} s  cold {row['cold_penalty_s']:6.2f} s  valid "
-            f"{row['valid_first']}/{row['requests']}, {row['valid_second']}/{row['requests']}"
+            f"{row['second_s']:7.2f} s  new outputs {row['third_s']:7.2f} s  valid "
+            f"{row['valid_first']}/{row['requests']}, {row['valid_second']}/{row['requests']}, "
+            f"{row['valid_third']}/{row['requests']}"
             f"  cut {row['cut_first']}{ratios}"
         )
     print(f"wrote {out / 'tool_calls_cold.json'} and .png")
