@@ -1,4 +1,4 @@
-"""Tool calls through vLLM's stock OpenAI server, first (cold) and second (warm) pass: ours
+"""Tool calls through vLLM's stock OpenAI server, a first (cold) pass and two warm ones: ours
 against vLLM's own structured outputs (issue #55, second speed target).
 
 The tools are real user-contributed function schemas: MaskBench's ``Glaiveai2K---*.json``
@@ -419,7 +419,7 @@ def run_config(
     warmup_tool: dict[str, Any],
     tmp: pathlib.Path,
 ) -> dict[str, Any]:
-    """One fresh server: warm-up, then the shape's requests twice."""
+    """One fresh server: warm-up, then the shape's three passes."""
     requests = shape_requests(shape, tools, args.request_seed, args.max_tokens)
     fresh = shape_requests(shape, tools, args.request_seed + NEW_OUTPUTS_SEED, args.max_tokens)
     workdir = tmp / f"{shape}-{config}"
@@ -496,7 +496,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(record: dict[str, Any], path: pathlib.Path) -> None:
-    """Per shape: first- and second-pass wall time of each configuration, valid counts."""
+    """Per shape: each pass's wall time for each configuration, valid counts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -602,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             "temperature": 1.0,
             "seed": args.seed,
             "request_seed": args.request_seed,
+            "new_outputs_seed": args.request_seed + NEW_OUTPUTS_SEED,
             "shapes": args.shapes,
             "model": model,
             "server": "python -m vllm.entrypoints.openai.api_server (tests/stock_server.py)",
