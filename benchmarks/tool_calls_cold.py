@@ -43,7 +43,9 @@ per-request latency, output tokens, and for every request its tool calls, each c
 arguments parsed as JSON and validated with ``jsonschema`` against that tool's parameters
 (``tests/output_checks.check_output``);
 counted as valid (at least one call, every call valid), finished (``finish_reason`` not
-``length``) and cut at ``max_tokens``. Shapes alternate which configuration runs first.
+``length``) and cut at ``max_tokens``; for ``ours``, the rows that waited for their compile
+at their first mask, and how long in all (the engine's state snapshot, ``compile_waits``).
+Shapes alternate which configuration runs first.
 Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
 
 Usage::
@@ -92,6 +94,7 @@ CONFIG_ENV = {
     "vllm": {"VLLM_PLUGINS": "", "CONSTRAINED_ENTRY_POINTS": "0"},
 }
 COLORS = {"ours": "#ff7f0e", "vllm": "#1f77b4"}
+STATS_FILE = "engine_stats.json"
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -177,7 +180,12 @@ def server_of(config: str, model: str, workdir: pathlib.Path):
     startup_s)`` and stops it afterwards."""
     from tests.stock_server import start_stock_server
 
-    env = {**CONFIG_ENV[config], "CONSTRAINED_GRAMMAR_STORE": str(workdir / "grammars")}
+    env = {
+        **CONFIG_ENV[config],
+        "CONSTRAINED_GRAMMAR_STORE": str(workdir / "grammars"),
+        "CONSTRAINED_STATS_PATH": str(workdir / STATS_FILE),  # (only ours writes it)
+        "CONSTRAINED_STATS_INTERVAL_S": "0.2",
+    }
     saved = {k: os.environ.get(k) for k in env}
     plugins = env.pop("VLLM_PLUGINS")
     os.environ.update(env)  # start_stock_server passes os.environ on; this process runs no engine
@@ -434,9 +442,13 @@ def run_config(
         status, body, tool_s = post(client, server.base, warm)
         warmup = {"plain_s": plain_s, "tool_s": tool_s, "tool": judge(status, body, warm)}
         passes = []
+        waits = compile_waits(workdir)
         for number, sent in ((1, requests), (2, requests), (3, fresh)):
             wall, records = run_pass(client, server.base, sent, args.clients)
             summary = pass_summary(records, wall)
+            waits, before = compile_waits(workdir), waits
+            if waits is not None and before is not None:  # (ours: its engine's stats)
+                summary["compile_waits"] = {k: waits[k] - before[k] for k in waits}
             passes.append({"pass": number, "summary": summary, "records": records})
             print(
                 f"{shape:8s} {config:4s} pass {number}: {wall:7.2f} s, valid "
@@ -452,6 +464,22 @@ def run_config(
         "same_calls_both_passes": same_calls(passes[0]["records"], passes[1]["records"]),
         "passes": passes,
     }
+
+
+def compile_waits(workdir: pathlib.Path) -> dict[str, float] | None:
+    """The engine's rows that waited for their compile so far (``compile_waits`` of our
+    processors' state snapshots, summed over its workers), or ``None`` where none is written
+    (vLLM's own structured outputs). A snapshot is at most 0.2 s old: a pass's last rows
+    start seconds before it ends."""
+    found = None
+    for path in workdir.glob(STATS_FILE.replace(".json", "*.json")):
+        try:
+            waits = json.loads(path.read_text())["compile_waits"]
+        except (OSError, ValueError, KeyError):
+            continue
+        found = found or {"count": 0, "seconds": 0.0}
+        found = {k: found[k] + waits[k] for k in found}
+    return found
 
 
 def _order(shape: str, config: str) -> tuple[int, int]:
@@ -484,6 +512,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "tokens_first": first["completion_tokens"],
             "tokens_second": second["completion_tokens"],
             "tokens_third": third["completion_tokens"],
+            "compile_waits": [p.get("compile_waits") for p in (first, second, third)],
         }
         other = by.get((shape, "vllm"))
         if config == "ours" and other:

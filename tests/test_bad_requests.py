@@ -131,6 +131,7 @@ def test_stream_check_matches_the_engine_check_without_a_server():
 def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
     import numpy as np
 
+    from constrained.grammars.stack import COMPILE_WAITS
     from constrained.processors.stats import StatsReporter
 
     class Slots:
@@ -163,5 +164,7 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path):
     assert snap["processors"]["FakeProcessor"] == {"active_slots": 2, "payloads": 1, "capacity": 4}
     assert snap["compile_cache"] == {"entries": 7, "capacity": 512, "compiled": 1, "loaded": 6}
     assert snap["vocab_from_record"] is True
+    waits = COMPILE_WAITS.count, round(COMPILE_WAITS.seconds, 4)  # (this process's, so far)
+    assert (snap["compile_waits"]["count"], snap["compile_waits"]["seconds"]) == waits
     assert StatsReporter(None, 0).snapshot()["vocab_from_record"] is False
     assert StatsReporter(None, 0).snapshot()["processors"] == {}  # disabled: registers nothing

@@ -233,6 +233,37 @@ def test_stack_under_a_gate_waits_for_no_compile():
     assert stack.error is None and row.free()
 
 
+def test_a_stack_that_waits_for_its_compile_counts_the_wait():
+    """A row whose compile is still running when its stack is built waits for it, and the
+    step with it: ``COMPILE_WAITS`` counts each such wait and its time (the engine's stats);
+    a compile already done counts none, nor a row that thinks first (its gate waits for no
+    compile)."""
+    import threading
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from constrained.grammars.stack import COMPILE_WAITS
+
+    vocab = SimpleNamespace(eos_token_id=EOS)
+    count, seconds = COMPILE_WAITS.count, COMPILE_WAITS.seconds
+    done: Future = Future()
+    done.set_result(SimpleNamespace(matcher=lambda: "the grammar's matcher"))
+    assert build_stack(done, vocab, None).matcher == "the grammar's matcher"
+    assert (COMPILE_WAITS.count, COMPILE_WAITS.seconds) == (count, seconds)
+    gated: Future = Future()
+    build_stack(gated, vocab, None, thinking=Thinking(TOY, None, (EOS,)))
+    assert COMPILE_WAITS.count == count
+    for outcome in ("set_result", "set_exception"):
+        running: Future = Future()
+        value = SimpleNamespace(matcher=lambda: "late") if outcome == "set_result" else OSError()
+        timer = threading.Timer(0.02, getattr(running, outcome), [value])
+        timer.start()
+        row = build_stack(running, vocab, None)
+        timer.join()
+        assert row.matcher == "late" if outcome == "set_result" else row_of(row.matcher) == {EOS}
+    assert COMPILE_WAITS.count == count + 2 and COMPILE_WAITS.seconds > seconds
+
+
 def test_a_row_without_a_gate_is_never_free_and_reads_no_prompt():
     """A request that does not think first has no gate: its row is never free, bans
     nothing and reads no prompt; its stack is the answer's."""

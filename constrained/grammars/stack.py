@@ -35,6 +35,8 @@ placed here.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +53,34 @@ if TYPE_CHECKING:
     from constrained.grammars.vocab import Vocab
 
 logger = logging.getLogger(__name__)
+
+
+class CompileWaits:
+    """How often, and how long in all, rows' stacks waited for their compile in this process
+    (a row's first mask needs its grammar: a compile still running holds that step's fill,
+    and the step; vLLM keeps such a request out of the batch, a logits processor cannot).
+    Reported by the engine's state snapshot (``processors/stats.py``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()  # (the fill threads of several engines in one process)
+
+    def result(self, compiled: Any) -> Any:
+        """``compiled.result()``, the wait counted when there is one."""
+        if compiled.done():
+            return compiled.result()
+        start = time.perf_counter()
+        try:
+            return compiled.result()
+        finally:
+            waited = time.perf_counter() - start
+            with self._lock:
+                self.count += 1
+                self.seconds += waited
+
+
+COMPILE_WAITS = CompileWaits()
 
 
 def build_stack(
@@ -153,7 +183,7 @@ class AnswerLayers:
         return self.stack
 
     def _build(self) -> Matcher:
-        grammar = self.compiled.result()
+        grammar = COMPILE_WAITS.result(self.compiled)
         if self.limit is None:
             return grammar.matcher()
         json = self.kind == "json_schema"  # (its walks: ``ClosingMatcher.json``)
