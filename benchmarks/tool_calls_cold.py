@@ -448,7 +448,7 @@ def run_config(
             summary = pass_summary(records, wall)
             waits, before = compile_waits(workdir), waits
             if waits is not None and before is not None:  # (ours: its engine's stats)
-                summary["compile_waits"] = {k: waits[k] - before[k] for k in waits}
+                summary["compile_waits"] = {k: round(waits[k] - before[k], 4) for k in waits}
             passes.append({"pass": number, "summary": summary, "records": records})
             print(
                 f"{shape:8s} {config:4s} pass {number}: {wall:7.2f} s, valid "
@@ -469,8 +469,9 @@ def run_config(
 def compile_waits(workdir: pathlib.Path) -> dict[str, float] | None:
     """The engine's rows that waited for their compile so far (``compile_waits`` of our
     processors' state snapshots, summed over its workers), or ``None`` where none is written
-    (vLLM's own structured outputs). A snapshot is at most 0.2 s old: a pass's last rows
-    start seconds before it ends."""
+    (vLLM's own structured outputs). The engine writes a snapshot at a batch change at most
+    every 0.2 s: a wait after the last one of a pass counts in the next (a pass's last rows
+    start seconds before it ends, so the waits of its new rows are in)."""
     found = None
     for path in workdir.glob(STATS_FILE.replace(".json", "*.json")):
         try:

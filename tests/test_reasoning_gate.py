@@ -233,35 +233,41 @@ def test_stack_under_a_gate_waits_for_no_compile():
     assert stack.error is None and row.free()
 
 
-def test_a_stack_that_waits_for_its_compile_counts_the_wait():
-    """A row whose compile is still running when its stack is built waits for it, and the
-    step with it: ``COMPILE_WAITS`` counts each such wait and its time (the engine's stats);
-    a compile already done counts none, nor a row that thinks first (its gate waits for no
-    compile)."""
-    import threading
+def test_a_stack_that_waits_for_its_compile_counts_the_wait(monkeypatch):
+    """A row whose compile is still running when its answer's stack is built waits for it:
+    ``COMPILE_WAITS`` counts each such wait and its time (the engine's stats); a compile
+    already done counts none, nor a row that thinks first (its gate waits for no compile)."""
+    import time
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from constrained.grammars.stack import COMPILE_WAITS
+    from constrained.grammars import stack as stack_module
 
+    class Running:  # a compile still running: done() is False, result() takes a while
+        def __init__(self, outcome: object) -> None:
+            self.outcome = outcome
+
+        def done(self) -> bool:
+            return False
+
+        def result(self) -> object:
+            time.sleep(0.005)
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return self.outcome
+
+    waits = stack_module.CompileWaits()
+    monkeypatch.setattr(stack_module, "COMPILE_WAITS", waits)
     vocab = SimpleNamespace(eos_token_id=EOS)
-    count, seconds = COMPILE_WAITS.count, COMPILE_WAITS.seconds
     done: Future = Future()
     done.set_result(SimpleNamespace(matcher=lambda: "the grammar's matcher"))
     assert build_stack(done, vocab, None).matcher == "the grammar's matcher"
-    assert (COMPILE_WAITS.count, COMPILE_WAITS.seconds) == (count, seconds)
-    gated: Future = Future()
-    build_stack(gated, vocab, None, thinking=Thinking(TOY, None, (EOS,)))
-    assert COMPILE_WAITS.count == count
-    for outcome in ("set_result", "set_exception"):
-        running: Future = Future()
-        value = SimpleNamespace(matcher=lambda: "late") if outcome == "set_result" else OSError()
-        timer = threading.Timer(0.02, getattr(running, outcome), [value])
-        timer.start()
-        row = build_stack(running, vocab, None)
-        timer.join()
-        assert row.matcher == "late" if outcome == "set_result" else row_of(row.matcher) == {EOS}
-    assert COMPILE_WAITS.count == count + 2 and COMPILE_WAITS.seconds > seconds
+    build_stack(Running(OSError()), vocab, None, thinking=Thinking(TOY, None, (EOS,)))
+    assert (waits.count, waits.seconds) == (0, 0.0)
+    late = build_stack(Running(SimpleNamespace(matcher=lambda: "late")), vocab, None)
+    assert late.matcher == "late" and waits.count == 1 and waits.seconds > 0
+    failed = build_stack(Running(OSError("lost")), vocab, None)  # waited, then only the end
+    assert row_of(failed.matcher) == {EOS} and waits.count == 2
 
 
 def test_a_row_without_a_gate_is_never_free_and_reads_no_prompt():

@@ -56,10 +56,11 @@ logger = logging.getLogger(__name__)
 
 
 class CompileWaits:
-    """How often, and how long in all, rows' stacks waited for their compile in this process
-    (a row's first mask needs its grammar: a compile still running holds that step's fill,
-    and the step; vLLM keeps such a request out of the batch, a logits processor cannot).
-    Reported by the engine's state snapshot (``processors/stats.py``)."""
+    """How often, and how long in all, rows' stacks waited for their compile in this process:
+    the answer's first mask needs its grammar, and a compile still running holds the fill
+    (vLLM keeps such a request out of the batch; a logits processor cannot). The seconds
+    bound how long steps were held: V1's fill runs beside the forward pass. Reported by the
+    engine's state snapshot (``processors/stats.py``)."""
 
     def __init__(self) -> None:
         self.count = 0

@@ -104,7 +104,7 @@ class StatsReporter:
             },
             # the vocabulary built from the tokenizer's record, not a second tokenizer load
             "vocab_from_record": any(c.vocab.from_record for c in caches.values()),
-            # rows whose first mask waited for a compile still running (the step with them)
+            # rows whose answer's first mask waited for a compile still running
             "compile_waits": {
                 "count": COMPILE_WAITS.count,
                 "seconds": round(COMPILE_WAITS.seconds, 4),
