@@ -264,7 +264,9 @@ def compile_constraint(
 
     The compile is cached, so the engine's own compile of the same constraint is a hit.
     With ``max_tokens`` (and ``close_at_max_tokens`` on), also refuse a budget too small for
-    any complete output we can find (``grammars/closing.py``).
+    any complete output we can find (``grammars/closing.py``). Without a thinking gate, the
+    request's first row is kept for an engine whose compile is still running
+    (``grammars/stack.py``, ``keep_start_row``).
 
     Raises:
         OptionError: naming the constraint's field, when it does not compile in time;
@@ -290,6 +292,10 @@ def compile_constraint(
 
             marker = len(marker_for(vocab, options.reasoning_end).ids)
         check_budget(grammar, vocab, field, max_tokens, marker)
+    if options.reasoning_end is None:  # (a thinking row waits for no compile)
+        from constrained.grammars.stack import keep_start_row
+
+        keep_start_row(grammar, vocab, max_tokens, spec.kind)
 
 
 def check_budget(grammar: Any, vocab: Any, kind: str, max_tokens: int, marker: int = 0) -> None:

@@ -166,6 +166,7 @@ def test_stats_snapshot_counts_slots_objects_and_compile_cache(tmp_path, monkeyp
     assert snap["vocab_from_record"] is True
     monkeypatch.setattr(COMPILE_WAITS, "count", 2)  # two rows waited for their compile
     monkeypatch.setattr(COMPILE_WAITS, "seconds", 0.06123)
-    assert reporter.snapshot()["compile_waits"] == {"count": 2, "seconds": 0.0612}
+    monkeypatch.setattr(COMPILE_WAITS, "started", 3)  # three took admission's first row
+    assert reporter.snapshot()["compile_waits"] == {"count": 2, "seconds": 0.0612, "started": 3}
     assert StatsReporter(None, 0).snapshot()["vocab_from_record"] is False
     assert StatsReporter(None, 0).snapshot()["processors"] == {}  # disabled: registers nothing

@@ -190,6 +190,13 @@ class ClosingMatcher(MatcherWrapper):
 
     # -- the row -------------------------------------------------------------------------
 
+    def near(self) -> bool:
+        """Whether the next row is near the budget (``room < need + grow``) or has no
+        completion known: the rows sorted (``_narrow_near``), whose sorts requests of one
+        grammar share. Reads only (``WitnessTracker.known``)."""
+        witness = self.track.known()
+        return witness is None or self.left - 2 < len(witness) + self.horizon.grow
+
     def _narrow_own(self, bitmask: torch.Tensor, row: int) -> None:
         if self.error is not None:
             return

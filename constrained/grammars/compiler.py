@@ -130,7 +130,7 @@ class GrammarCompiler:
             compiled = compile_now(spec, self.vocab)
             self._count(loaded=False)
             return compiled
-        key = store_key(code_fingerprint(), self.vocab.fingerprint(), repr(spec))
+        key = self.key_of(spec)
         grammar = self._load(spec, key, self.store)
         if grammar is None:
             start = time.perf_counter()
@@ -141,6 +141,10 @@ class GrammarCompiler:
                 self.store.save(key, backend.name, backend.dump(unwrapped(grammar)))
         grammar.stored_as = (self.store, key)  # closing keeps its tables beside it
         return grammar
+
+    def key_of(self, spec: GrammarSpec) -> str:
+        """The store key of ``spec``'s compiled grammar (its tables are kept beside it)."""
+        return store_key(code_fingerprint(), self.vocab.fingerprint(), repr(spec))
 
     def _load(self, spec: GrammarSpec, key: str, store: GrammarStore) -> Any:
         """The grammar stored under ``key``, or ``None``."""

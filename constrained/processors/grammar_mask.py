@@ -25,6 +25,7 @@ from constrained.admission import (
 from constrained.grammars import compiler_for
 from constrained.grammars.marker import marker_for
 from constrained.grammars.reasoning_gate import Thinking
+from constrained.grammars.stack import kept_start_row
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.content_rows import content_rows_for
@@ -121,6 +122,8 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         self.slots.write(slot, constrained=True)
         limit = params.max_tokens if closes_at_budget(options, params) else None
         state = RowState(spec, compiled, output_ids, limit)
+        if options.reasoning_end is None and not compiled.done():  # (admission kept it)
+            state.start_row = kept_start_row(self.compiler, spec, limit)
         old = self.resumed.swap(params, state)  # a preempted run of this request, if any
         if limit is not None:
             state.hints = self.resumed.hints(old)

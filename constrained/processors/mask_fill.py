@@ -29,7 +29,13 @@ from vllm.logger import init_logger
 from constrained.grammars import GrammarSpec, Vocab
 from constrained.grammars.content import ContentTracker, is_whitespace, open_row
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.grammars.stack import GrammarRow, build_stack
+from constrained.grammars.stack import (
+    COMPILE_WAITS,
+    GrammarRow,
+    StartRow,
+    build_stack,
+    replay_start,
+)
 from constrained.helper_cpus import leave_compute_cpus
 from constrained.processors.functional import apply_penalties
 from constrained.processors.runners import Rows
@@ -56,20 +62,34 @@ class RowState:
     content: ContentTracker | None = None  # which tokens are content (penalty scope)
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
+    # The first row admission's stack wrote (``stack.kept_start_row``), written while the
+    # compile still runs; ``started``: it was (the stack, once built, replays it).
+    start_row: list[int] | None = None
+    started: bool = False
 
     @property
     def matcher(self) -> Matcher | None:
         """The stack (``GrammarRow.matcher``), once built; None once a matcher failed."""
         return self.row.matcher if self.row is not None else None
 
-    def ready_matcher(self, vocab: Vocab, scratch: torch.Tensor) -> Matcher | None:
+    def ready_matcher(
+        self, vocab: Vocab, scratch: torch.Tensor, first: bool = False
+    ) -> Matcher | None:
         """The stack, built on first call (``build_stack``: it waits for the compile, unless
         the gate is on top: the layers below it are built when first needed); None once a
-        matcher failed."""
+        matcher failed. ``first``: for the request's first row, which, while the compile
+        runs, is admission's (``StartRow``) where one was kept (not for a resumed request:
+        its hints are its stack's, not admission's)."""
         if self.row is None and not self.failed:
+            if first and self.start_row is not None and not self.hints and not self.compiled.done():
+                self.started = True
+                COMPILE_WAITS.start()
+                return StartRow(self.start_row)
             self.row = build_stack(
                 self.compiled, vocab, self.limit, self.hints, scratch, self.thinking, self.spec.kind
             )
+            if self.started:
+                replay_start(self.row.matcher, vocab)
         return self.matcher
 
     def fail(self) -> None:
@@ -188,7 +208,8 @@ class MaskWriter:
         """Feed ``new`` committed tokens to a request's stack, then queue its row (or, a
         free row, take its bans)."""
         try:
-            matcher = state.ready_matcher(self.vocab, self.scratch)
+            first = not new and state.consumed == 0
+            matcher = state.ready_matcher(self.vocab, self.scratch, first)
             if matcher is not None:
                 if new and not matcher.consume(new):
                     logger.warning("constrained: %s; allowing only end-of-sequence", matcher.error)

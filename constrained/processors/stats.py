@@ -14,7 +14,7 @@ Example snapshot::
     {"pid": 4242, "time": 1763700000.0, "rss_mb": 1830.5,
      "processors": {"GrammarMaskProcessor": {"active_slots": 3, "payloads": 3, "capacity": 64}},
      "compile_cache": {"entries": 17, "capacity": 512, "compiled": 0, "loaded": 17},
-     "vocab_from_record": true, "compile_waits": {"count": 2, "seconds": 0.061}}
+     "vocab_from_record": true, "compile_waits": {"count": 2, "seconds": 0.061, "started": 5}}
 """
 
 from __future__ import annotations
@@ -104,10 +104,12 @@ class StatsReporter:
             },
             # the vocabulary built from the tokenizer's record, not a second tokenizer load
             "vocab_from_record": any(c.vocab.from_record for c in caches.values()),
-            # rows whose answer's first mask waited for a compile still running
+            # rows whose answer's first mask waited for a compile still running, and rows
+            # whose first row was admission's instead (their next row may still wait)
             "compile_waits": {
                 "count": COMPILE_WAITS.count,
                 "seconds": round(COMPILE_WAITS.seconds, 4),
+                "started": COMPILE_WAITS.started,
             },
         }
 
