@@ -29,6 +29,9 @@ Configurations, both vLLM's stock server (``python -m vllm.entrypoints.openai.ap
   admission moves it to our grammar processor (``constrained/openai_routing.py``);
 - ``vllm``: ``VLLM_PLUGINS=`` (no endpoint plugin) and ``CONSTRAINED_ENTRY_POINTS=0`` (the
   installed processors inert): vLLM's own structured outputs enforce the same tag.
+- ``ours_open`` (only with ``--configs``): ``ours`` with closing off, each request's
+  ``vllm_xargs`` ``{"close_at_max_tokens": false}``: what finishing by ``max_tokens`` costs
+  (its outputs may be cut, as vLLM's are); its rows carry the same ratios over ``vllm``.
 
 For each shape and configuration a fresh server with an empty compiled-grammar store
 (``CONSTRAINED_GRAMMAR_STORE``, a new temporary directory) is started, warmed up with one
@@ -44,7 +47,8 @@ arguments parsed as JSON and validated with ``jsonschema`` against that tool's p
 (``tests/output_checks.check_output``);
 counted as valid (at least one call, every call valid), finished (``finish_reason`` not
 ``length``) and cut at ``max_tokens``; for ``ours``, the rows that waited for their compile
-at their first mask, and how long in all (the engine's state snapshot, ``compile_waits``).
+at their first mask, how long in all, and the rows that took admission's start row instead
+(the engine's state snapshot, ``compile_waits``).
 Shapes alternate which configuration runs first.
 Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
 
@@ -52,6 +56,8 @@ Usage::
 
     python -m benchmarks.tool_calls_cold --out benchmarks/results/tool_calls_cold_1202
     python -m benchmarks.tool_calls_cold --tools 4 --clients 2 --out /tmp/smoke   # smoke test
+    python -m benchmarks.tool_calls_cold --shapes required --configs ours,vllm,ours_open \
+        --out /tmp/closing_cost     # what closing costs
 
 On a shared machine run it under ``flock /tmp/engine.lock`` with ``HF_HUB_OFFLINE=1
 VLLM_CPU_KVCACHE_SPACE=2``: it starts six servers one after another (two probe servers, then
@@ -77,7 +83,11 @@ from typing import Any
 from benchmarks.common import machine_info, median, percentile, str_list
 from benchmarks.structured.schemas import DEFAULT_MASKBENCH, load_schema
 
-CONFIGS = ("ours", "vllm")
+CONFIGS = ("ours", "vllm")  # every run's, and the two the tool selection is probed on
+# Opt-in (``--configs``): ours with closing off, every request's ``vllm_xargs``
+# ``close_at_max_tokens: false`` (what closing costs: its outputs may be cut as vLLM's are).
+EXTRA_CONFIGS = ("ours_open",)
+CONFIG_XARGS: dict[str, dict[str, Any]] = {"ours_open": {"close_at_max_tokens": False}}
 # The third pass's requests: the same tools, seeds this far on (warm schemas, new outputs).
 NEW_OUTPUTS_SEED = 10_000
 SHAPES = ("named", "required")
@@ -92,8 +102,9 @@ SERVER_FLAGS = (
 CONFIG_ENV = {
     "ours": {"VLLM_PLUGINS": "constrained", "CONSTRAINED_ENTRY_POINTS": "1"},
     "vllm": {"VLLM_PLUGINS": "", "CONSTRAINED_ENTRY_POINTS": "0"},
+    "ours_open": {"VLLM_PLUGINS": "constrained", "CONSTRAINED_ENTRY_POINTS": "1"},
 }
-COLORS = {"ours": "#ff7f0e", "vllm": "#1f77b4"}
+COLORS = {"ours": "#ff7f0e", "vllm": "#1f77b4", "ours_open": "#ffbb78"}
 STATS_FILE = "engine_stats.json"
 
 
@@ -430,6 +441,9 @@ def run_config(
     """One fresh server: warm-up, then the shape's three passes."""
     requests = shape_requests(shape, tools, args.request_seed, args.max_tokens)
     fresh = shape_requests(shape, tools, args.request_seed + NEW_OUTPUTS_SEED, args.max_tokens)
+    xargs = CONFIG_XARGS.get(config)
+    if xargs:
+        requests, fresh = ([{**r, "vllm_xargs": xargs} for r in rs] for rs in (requests, fresh))
     workdir = tmp / f"{shape}-{config}"
     workdir.mkdir()
     with server_of(config, model, workdir) as (server, startup):
@@ -439,6 +453,8 @@ def run_config(
         warm = named_request(warmup_tool, 0, args.max_tokens)
         if shape == "required":
             warm = required_request([warmup_tool], 0, args.max_tokens)
+        if xargs:
+            warm = {**warm, "vllm_xargs": xargs}
         status, body, tool_s = post(client, server.base, warm)
         warmup = {"plain_s": plain_s, "tool_s": tool_s, "tool": judge(status, body, warm)}
         passes = []
@@ -467,28 +483,31 @@ def run_config(
 
 
 def compile_waits(workdir: pathlib.Path) -> dict[str, float] | None:
-    """The engine's rows that waited for their compile so far (``compile_waits`` of our
-    processors' state snapshots, summed over its workers), or ``None`` where none is written
-    (vLLM's own structured outputs). The engine writes a snapshot at a batch change at most
-    every 0.2 s: a wait after the last one of a pass counts in the next (a pass's last rows
-    start seconds before it ends, so the waits of its new rows are in)."""
+    """The engine's rows that waited for their compile so far, how long in all, and the rows
+    that took admission's first row instead (``compile_waits`` of our processors' state
+    snapshots: ``count``, ``seconds``, ``started``; summed over its workers), or ``None``
+    where none is written (vLLM's own structured outputs). The engine writes a snapshot at
+    a batch change at most every 0.2 s: a wait after the last one of a pass counts in the
+    next (a pass's last rows start seconds before it ends, so the waits of its new rows are
+    in)."""
     found = None
     for path in workdir.glob(STATS_FILE.replace(".json", "*.json")):
         try:
             waits = json.loads(path.read_text())["compile_waits"]
         except (OSError, ValueError, KeyError):
             continue
-        found = found or {"count": 0, "seconds": 0.0}
-        found = {k: found[k] + waits[k] for k in found}
+        found = found or dict.fromkeys(waits, 0)
+        found = {k: found.get(k, 0) + v for k, v in waits.items()}
     return found
 
 
 def _order(shape: str, config: str) -> tuple[int, int]:
-    return SHAPES.index(shape), CONFIGS.index(config)
+    return SHAPES.index(shape), (*CONFIGS, *EXTRA_CONFIGS).index(config)
 
 
 def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per shape and configuration, with the ours/vllm ratios on ``ours`` rows."""
+    """One row per shape and configuration, with the ours/vllm ratios on ours' rows
+    (``ours``, ``ours_open``)."""
     by = {(r["shape"], r["config"]): r for r in runs}
     rows = []
     for (shape, config), run in sorted(by.items(), key=lambda kv: _order(*kv[0])):
@@ -516,7 +535,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "compile_waits": [p.get("compile_waits") for p in (first, second, third)],
         }
         other = by.get((shape, "vllm"))
-        if config == "ours" and other:
+        if config != "vllm" and other:
             o_first, o_second, o_third = (p["summary"]["wall_s"] for p in other["passes"])
             row["first_ratio_ours_over_vllm"] = first["wall_s"] / o_first
             row["second_ratio_ours_over_vllm"] = second["wall_s"] / o_second
@@ -553,9 +572,9 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
         ax.set_ylim(0, top * 1.35)
         ax.set_xticks(range(len(mine)), [r["config"] for r in mine])
         ax.set_ylabel("wall time of the pass (s)")
-        ours = next((r for r in mine if "first_ratio_ours_over_vllm" in r), None)
+        ours = next((r for r in mine if r["config"] == "ours"), None)
         ratio = ""
-        if ours:
+        if ours and "first_ratio_ours_over_vllm" in ours:
             ratio = (f"\nours/vllm: first {ours['first_ratio_ours_over_vllm']:.2f}, "
                      f"second {ours['second_ratio_ours_over_vllm']:.2f}, "
                      f"new outputs {ours['third_ratio_ours_over_vllm']:.2f}")  # fmt: skip
@@ -580,11 +599,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the tool selection")
     parser.add_argument("--request-seed", type=int, default=1000, help="seed of request 0")
     parser.add_argument("--shapes", type=str_list, default=list(SHAPES), help=",".join(SHAPES))
+    parser.add_argument("--configs", type=str_list, default=list(CONFIGS),
+                        help=f"of {','.join((*CONFIGS, *EXTRA_CONFIGS))}")  # fmt: skip
     parser.add_argument("--maskbench", type=pathlib.Path, default=DEFAULT_MASKBENCH)
     parser.add_argument("--out", default="benchmarks/results/tool_calls_cold")
     args = parser.parse_args(argv)
     if any(s not in SHAPES for s in args.shapes):
         parser.error(f"--shapes: choose from {SHAPES}")
+    if any(c not in (*CONFIGS, *EXTRA_CONFIGS) for c in args.configs):
+        parser.error(f"--configs: choose from {(*CONFIGS, *EXTRA_CONFIGS)}")
     if args.tools < 2 or args.tools % 2:
         parser.error("--tools must be even and at least 2 (the required shape pairs them)")
     return args
@@ -617,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_tool = make_tool(args.maskbench, selection["warmup_file"])
         runs = []
         for k, shape in enumerate(args.shapes):
-            order = CONFIGS if k % 2 == 0 else CONFIGS[::-1]
+            order = args.configs if k % 2 == 0 else args.configs[::-1]
             for config in order:
                 runs.append(run_config(args, config, shape, model, client, tools, warmup_tool, tmp))
     record = {
@@ -637,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
             "model": model,
             "server": "python -m vllm.entrypoints.openai.api_server (tests/stock_server.py)",
             "server_flags": [*BASE_FLAGS, *SERVER_FLAGS],
-            "config_env": CONFIG_ENV,
+            "configs": args.configs,
+            "config_env": {c: CONFIG_ENV[c] for c in args.configs},
+            "config_vllm_xargs": {c: CONFIG_XARGS[c] for c in args.configs if c in CONFIG_XARGS},
             "grammar_store": "a new empty CONSTRAINED_GRAMMAR_STORE per server",
             "maskbench": str(args.maskbench),
             "tool_description": "the function name in words (MaskBench keeps none)",
