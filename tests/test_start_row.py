@@ -194,3 +194,39 @@ def test_a_compile_done_in_time_or_a_later_row_never_takes_it(vocab):
     running.finish()  # done by the time its row is written
     state.ready_matcher(vocab, None, first=True)
     assert not state.started and state.row is not None
+
+
+def _first_step(vocab, extra, limit, compiled):
+    """A request's state after its first row (its writer's step), and the writer."""
+    spec = spec_for(extra)
+    state = RowState(spec, compiled, None, limit)
+    state.start_row = start_row(compile_now(spec, vocab), vocab, limit, kind_of(extra))
+    writer = MaskWriter(vocab, torch.device("cpu"))
+    writer.ensure_rows(2)
+    writer.start_step()
+    writer.advance(state, [], 0)
+    writer.draft(state, 1, np.array([-1, -1]))  # a step inside the prefill: placeholders
+    writer.finish()
+    return state, writer
+
+
+@pytest.mark.parametrize("limit", [None, 160])
+def test_draft_rows_and_a_preemption_at_the_start_row_are_as_in_time(limit, vocab):
+    """A placeholder draft row after the start row is that row, as a stack built in time
+    writes it; a run preempted right after its start row hands its resumed run the
+    completions a stack built in time would have known (its stack built then)."""
+    from constrained.processors.mask_fill import ResumeShelf
+
+    extra = {"structural_tag": REQUIRED_PAIR}
+    done: Future = Future()
+    done.set_result(compile_now(spec_for(extra), vocab))
+    late = Late(compile_now(spec_for(extra), vocab))
+    in_time, writer = _first_step(vocab, extra, limit, done)
+    started, late_writer = _first_step(vocab, extra, limit, late)
+    assert started.started and started.row is None
+    rows, late_rows = (w.bitmask.numpy().view(np.uint32) for w in (writer, late_writer))
+    assert np.array_equal(rows[:2], late_rows[:2]) and np.array_equal(late_rows[0], late_rows[1])
+    late.finish()
+    scratch = writer.scratch
+    assert ResumeShelf.hints(started, vocab, scratch) == ResumeShelf.hints(in_time, vocab, scratch)
+    assert started.row is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm.logger import init_logger
 
 from constrained.admission import (
     closes_at_budget,
@@ -43,6 +44,8 @@ from constrained.reasoning_parser import parser_applies, thinking_ends
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
 
 
 class GrammarMaskProcessor(DualInterfaceProcessor):
@@ -123,10 +126,13 @@ class GrammarMaskProcessor(DualInterfaceProcessor):
         limit = params.max_tokens if closes_at_budget(options, params) else None
         state = RowState(spec, compiled, output_ids, limit)
         if options.reasoning_end is None and not compiled.done():  # (admission kept it)
-            state.start_row = kept_start_row(self.compiler, spec, limit)
+            try:
+                state.start_row = kept_start_row(self.compiler, spec, limit)
+            except Exception:  # (the row then waits for its compile, as without one)
+                logger.exception("constrained: the store's start row was not read")
         old = self.resumed.swap(params, state)  # a preempted run of this request, if any
         if limit is not None:
-            state.hints = self.resumed.hints(old)
+            state.hints = self.resumed.hints(old, self.vocab, self.writer.scratch)
         if options.spares_structure():  # its penalties read which tokens are content
             json = spec.kind == "json_schema"
             state.content = self.resumed.content(old, json)

@@ -143,10 +143,17 @@ class ResumeShelf:
         return held[1] if held is not None and held[0] is params else None
 
     @staticmethod
-    def hints(old: RowState | None) -> list[list[int]]:
-        """The completions a preempted run's stack knew (``Matcher.suffixes``: closing's)."""
+    def hints(old: RowState | None, vocab: Vocab, scratch: torch.Tensor) -> list[list[int]]:
+        """The completions a preempted run's stack knew (``Matcher.suffixes``: closing's).
+        A run preempted after its start row, its stack not built yet, has it built now (as
+        it would have been in time: ``RowState.ready_matcher`` replays that row)."""
         if old is None:
             return []
+        if old.started and old.row is None and not old.failed:
+            try:
+                old.ready_matcher(vocab, scratch)
+            except Exception:  # (its own stack's failure: the resumed run starts afresh)
+                logger.exception("constrained: a preempted run's stack failed to build")
         known = old.matcher.suffixes() if old.matcher is not None else []
         return (known + old.hints)[:512]  # bounded across repeated preemptions
 
@@ -296,6 +303,9 @@ class MaskWriter:
     def _fill_after(self, state: RowState, row: int, tokens: list[int]) -> None:
         """Write the stack's row after ``tokens`` (then undo them)."""
         matcher = state.matcher
+        if matcher is None and state.started and not tokens and not state.failed:
+            fill_only(self.bitmask, row, state.start_row)  # (its stack is not built yet)
+            return
         if matcher is None or matcher.error is not None:
             fill_only(self.bitmask, row, [self.eos])
             return
