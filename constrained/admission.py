@@ -293,7 +293,7 @@ def compile_constraint(
             marker = len(marker_for(vocab, options.reasoning_end).ids)
         check_budget(grammar, vocab, field, max_tokens, marker)
     if options.reasoning_end is None:  # (a thinking row waits for no compile)
-        from constrained.grammars.stack import keep_start_row
+        from constrained.grammars.start_row import keep_start_row
 
         keep_start_row(grammar, vocab, max_tokens, spec.kind)
 

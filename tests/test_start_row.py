@@ -1,5 +1,5 @@
 """A row whose compile is still running takes admission's first row instead of holding the
-batch (``grammars/stack.py``: ``start_row``, ``keep_start_row``, ``kept_start_row``,
+batch (``grammars/start_row.py``: ``start_row``, ``keep_start_row``, ``kept_start_row``,
 ``StartRow``, ``replay_start``): that row is the stack's own first row, and a stack built
 late stands where one built in time stands, row for row."""
 
@@ -17,10 +17,9 @@ import torch
 from constrained.grammars import compile_now
 from constrained.grammars.closing_tables import root_witness
 from constrained.grammars.matcher import row_ids, words_for
-from constrained.grammars.stack import (
-    COMPILE_WAITS,
+from constrained.grammars.stack import COMPILE_WAITS, build_stack
+from constrained.grammars.start_row import (
     START_ROW_MAX,
-    build_stack,
     keep_start_row,
     kept_start_row,
     start_row,
@@ -103,7 +102,7 @@ def test_the_store_carries_it_and_refuses_what_is_not_a_row(tmp_path, vocab):
     assert kept_start_row(compiler, spec, 65) is None  # kept per budget
     keep_start_row(grammar, vocab, 3, "structural_tag")  # near the budget: kept as none
     assert kept_start_row(compiler, spec, 3) is None
-    from constrained.grammars.stack import _start_row_name
+    from constrained.grammars.start_row import _start_row_name
     from constrained.grammars.store import store_key
 
     name = store_key("k" * 64, _start_row_name(7))

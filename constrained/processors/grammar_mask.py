@@ -26,7 +26,7 @@ from constrained.admission import (
 from constrained.grammars import compiler_for
 from constrained.grammars.marker import marker_for
 from constrained.grammars.reasoning_gate import Thinking
-from constrained.grammars.stack import kept_start_row
+from constrained.grammars.start_row import kept_start_row
 from constrained.options import Options
 from constrained.processors.base import DualInterfaceProcessor, Tokens
 from constrained.processors.content_rows import content_rows_for

@@ -29,13 +29,8 @@ from vllm.logger import init_logger
 from constrained.grammars import GrammarSpec, Vocab
 from constrained.grammars.content import ContentTracker, is_whitespace, open_row
 from constrained.grammars.matcher import Matcher, fill_only, words_for
-from constrained.grammars.stack import (
-    COMPILE_WAITS,
-    GrammarRow,
-    StartRow,
-    build_stack,
-    replay_start,
-)
+from constrained.grammars.stack import COMPILE_WAITS, GrammarRow, build_stack
+from constrained.grammars.start_row import StartRow, replay_start
 from constrained.helper_cpus import leave_compute_cpus
 from constrained.processors.functional import apply_penalties
 from constrained.processors.runners import Rows
@@ -62,7 +57,7 @@ class RowState:
     content: ContentTracker | None = None  # which tokens are content (penalty scope)
     consumed: int = 0  # output tokens seen (thinking included)
     failed: bool = False
-    # The first row admission's stack wrote (``stack.kept_start_row``), written while the
+    # The first row admission's stack wrote (``start_row.kept_start_row``), written while the
     # compile still runs; ``started``: it was (the stack, once built, replays it).
     start_row: list[int] | None = None
     started: bool = False
