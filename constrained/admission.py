@@ -266,7 +266,7 @@ def compile_constraint(
     With ``max_tokens`` (and ``close_at_max_tokens`` on), also refuse a budget too small for
     any complete output we can find (``grammars/closing.py``). Without a thinking gate, the
     request's first row is kept for an engine whose compile is still running
-    (``grammars/stack.py``, ``keep_start_row``).
+    (``grammars/start_row.py``, ``keep_start_row``).
 
     Raises:
         OptionError: naming the constraint's field, when it does not compile in time;
