@@ -49,7 +49,10 @@ counted as valid (at least one call, every call valid), finished (``finish_reaso
 ``length``) and cut at ``max_tokens``; for ``ours``, the rows that waited for their compile
 at their first mask, how long in all, and the rows that took admission's start row instead
 (the engine's state snapshot, ``compile_waits``).
-Shapes alternate which configuration runs first.
+Shapes alternate which configuration runs first. ``--rounds N`` repeats each shape's servers
+N times, the configurations' order alternating round by round (this machine's pass times
+drift by more than the gap measured): the table reports each pass's median over the rounds,
+the ratio of the medians, and every round's own ratio.
 Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
 
 Usage::
@@ -58,10 +61,11 @@ Usage::
     python -m benchmarks.tool_calls_cold --tools 4 --clients 2 --out /tmp/smoke   # smoke test
     python -m benchmarks.tool_calls_cold --shapes required --configs ours,vllm,ours_open \
         --out /tmp/closing_cost     # what closing costs
+    python -m benchmarks.tool_calls_cold --rounds 3 --out /tmp/rounds   # medians of 3 servers
 
 On a shared machine run it under ``flock /tmp/engine.lock`` with ``HF_HUB_OFFLINE=1
 VLLM_CPU_KVCACHE_SPACE=2``: it starts six servers one after another (two probe servers, then
-one per shape and configuration).
+one per shape and configuration, and round).
 """
 
 from __future__ import annotations
@@ -437,6 +441,7 @@ def run_config(
     tools: list[dict[str, Any]],
     warmup_tool: dict[str, Any],
     tmp: pathlib.Path,
+    round_: int = 0,
 ) -> dict[str, Any]:
     """One fresh server: warm-up, then the shape's three passes."""
     requests = shape_requests(shape, tools, args.request_seed, args.max_tokens)
@@ -444,7 +449,7 @@ def run_config(
     xargs = CONFIG_XARGS.get(config)
     if xargs:
         requests, fresh = ([{**r, "vllm_xargs": xargs} for r in rs] for rs in (requests, fresh))
-    workdir = tmp / f"{shape}-{config}"
+    workdir = tmp / f"{shape}-{config}-{round_}"
     workdir.mkdir()
     with server_of(config, model, workdir) as (server, startup):
         plain = {"model": "tiny", "messages": [{"role": "user", "content": "Hello."}],
@@ -467,7 +472,7 @@ def run_config(
                 summary["compile_waits"] = {k: round(waits[k] - before[k], 4) for k in waits}
             passes.append({"pass": number, "summary": summary, "records": records})
             print(
-                f"{shape:8s} {config:4s} pass {number}: {wall:7.2f} s, valid "
+                f"{shape:8s} {config:4s} round {round_} pass {number}: {wall:7.2f} s, valid "
                 f"{summary['valid']}/{summary['requests']}, cut {summary['cut_at_max_tokens']}, "
                 f"errors {summary['errors']}, {summary['completion_tokens']} tokens",
                 flush=True,
@@ -475,6 +480,7 @@ def run_config(
     return {
         "shape": shape,
         "config": config,
+        "round": round_,
         "startup_s": startup,
         "warmup": warmup,
         "same_calls_both_passes": same_calls(passes[0]["records"], passes[1]["records"]),
@@ -506,42 +512,62 @@ def _order(shape: str, config: str) -> tuple[int, int]:
 
 
 def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per shape and configuration, with the ours/vllm ratios on ours' rows
-    (``ours``, ``ours_open``)."""
-    by = {(r["shape"], r["config"]): r for r in runs}
+    """One row per shape and configuration: each pass's median wall time over the rounds
+    (and every round's), the fewest valid calls of any round, with the ours/vllm ratios on
+    ours' rows (``ours``, ``ours_open``): of the medians, and round by round."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for run in runs:
+        by[(run["shape"], run["config"])].append(run)
+    walls = {k: _walls(v) for k, v in by.items()}  # per pass, each round's wall time
     rows = []
-    for (shape, config), run in sorted(by.items(), key=lambda kv: _order(*kv[0])):
-        first, second, third = (p["summary"] for p in run["passes"])
+    for (shape, config), mine in sorted(by.items(), key=lambda kv: _order(*kv[0])):
+        first, second, third = ([r["passes"][i]["summary"] for r in mine] for i in range(3))
+        medians = [median(w) for w in walls[(shape, config)]]
         row = {
             "shape": shape,
             "config": config,
-            "requests": first["requests"],
-            "first_s": first["wall_s"],
-            "second_s": second["wall_s"],
-            "third_s": third["wall_s"],
-            "cold_penalty_s": first["wall_s"] - second["wall_s"],
-            "schemas_cost_s": first["wall_s"] - third["wall_s"],
-            "warmup_tool_s": run["warmup"]["tool_s"],
-            "valid_first": first["valid"],
-            "valid_second": second["valid"],
-            "valid_third": third["valid"],
-            "finished_first": first["finished"],
-            "cut_first": first["cut_at_max_tokens"],
-            "errors_first": first["errors"],
-            "calls_not_strict_json_first": first.get("calls_not_strict_json"),
-            "tokens_first": first["completion_tokens"],
-            "tokens_second": second["completion_tokens"],
-            "tokens_third": third["completion_tokens"],
-            "compile_waits": [p.get("compile_waits") for p in (first, second, third)],
+            "rounds": len(mine),
+            "requests": first[0]["requests"],
+            "first_s": medians[0],
+            "second_s": medians[1],
+            "third_s": medians[2],
+            "first_s_rounds": walls[(shape, config)][0],
+            "second_s_rounds": walls[(shape, config)][1],
+            "third_s_rounds": walls[(shape, config)][2],
+            "cold_penalty_s": medians[0] - medians[1],
+            "schemas_cost_s": medians[0] - medians[2],
+            "warmup_tool_s": median([r["warmup"]["tool_s"] for r in mine]),
+            "startup_s_rounds": [r["startup_s"] for r in mine],
+            "valid_first": min(p["valid"] for p in first),
+            "valid_second": min(p["valid"] for p in second),
+            "valid_third": min(p["valid"] for p in third),
+            "finished_first": min(p["finished"] for p in first),
+            "cut_first": max(p["cut_at_max_tokens"] for p in first),
+            "errors_first": max(p["errors"] for p in first),
+            "calls_not_strict_json_first": first[0].get("calls_not_strict_json"),
+            "tokens_first": [p["completion_tokens"] for p in first],
+            "tokens_second": [p["completion_tokens"] for p in second],
+            "tokens_third": [p["completion_tokens"] for p in third],
+            "compile_waits": [
+                [p.get("compile_waits") for p in ps]
+                for ps in zip(first, second, third, strict=True)
+            ],
         }
-        other = by.get((shape, "vllm"))
+        other = walls.get((shape, "vllm"))
         if config != "vllm" and other:
-            o_first, o_second, o_third = (p["summary"]["wall_s"] for p in other["passes"])
-            row["first_ratio_ours_over_vllm"] = first["wall_s"] / o_first
-            row["second_ratio_ours_over_vllm"] = second["wall_s"] / o_second
-            row["third_ratio_ours_over_vllm"] = third["wall_s"] / o_third
+            for i, name in enumerate(("first", "second", "third")):
+                row[f"{name}_ratio_ours_over_vllm"] = medians[i] / median(other[i])
+                row[f"{name}_ratio_rounds"] = [
+                    a / b for a, b in zip(walls[(shape, config)][i], other[i], strict=False)
+                ]
         rows.append(row)
     return rows
+
+
+def _walls(runs: list[dict[str, Any]]) -> list[list[float]]:
+    """Each pass's wall time, round by round."""
+    ordered = sorted(runs, key=lambda r: r.get("round", 0))
+    return [[r["passes"][i]["summary"]["wall_s"] for r in ordered] for i in range(3)]
 
 
 def plot(record: dict[str, Any], path: pathlib.Path) -> None:
@@ -602,12 +628,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--configs", type=str_list, default=list(CONFIGS),
                         help=f"of {','.join((*CONFIGS, *EXTRA_CONFIGS))}")  # fmt: skip
     parser.add_argument("--maskbench", type=pathlib.Path, default=DEFAULT_MASKBENCH)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="servers per shape and configuration, orders alternating")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/tool_calls_cold")
     args = parser.parse_args(argv)
     if any(s not in SHAPES for s in args.shapes):
         parser.error(f"--shapes: choose from {SHAPES}")
     if any(c not in (*CONFIGS, *EXTRA_CONFIGS) for c in args.configs):
         parser.error(f"--configs: choose from {(*CONFIGS, *EXTRA_CONFIGS)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.tools < 2 or args.tools % 2:
         parser.error("--tools must be even and at least 2 (the required shape pairs them)")
     return args
@@ -638,11 +668,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         tools = [make_tool(args.maskbench, f) for f in selection["files"]]
         warmup_tool = make_tool(args.maskbench, selection["warmup_file"])
-        runs = []
-        for k, shape in enumerate(args.shapes):
-            order = args.configs if k % 2 == 0 else args.configs[::-1]
-            for config in order:
-                runs.append(run_config(args, config, shape, model, client, tools, warmup_tool, tmp))
+        runs, k = [], 0
+        for shape in args.shapes:
+            for round_ in range(args.rounds):
+                order = args.configs if k % 2 == 0 else args.configs[::-1]
+                k += 1
+                for config in order:
+                    runs.append(run_config(args, config, shape, model, client, tools,
+                                           warmup_tool, tmp, round_))  # fmt: skip
     record = {
         "benchmark": "tool_calls_cold",
         "command": machine["command"],
@@ -657,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             "request_seed": args.request_seed,
             "new_outputs_seed": args.request_seed + NEW_OUTPUTS_SEED,
             "shapes": args.shapes,
+            "rounds": args.rounds,
             "model": model,
             "server": "python -m vllm.entrypoints.openai.api_server (tests/stock_server.py)",
             "server_flags": [*BASE_FLAGS, *SERVER_FLAGS],
@@ -679,6 +713,10 @@ def main(argv: list[str] | None = None) -> int:
             ratios = (f"  ours/vllm first {row['first_ratio_ours_over_vllm']:.2f} "
                       f"second {row['second_ratio_ours_over_vllm']:.2f} "
                       f"new outputs {row['third_ratio_ours_over_vllm']:.2f}")  # fmt: skip
+            if row["rounds"] > 1:
+                ratios += "  rounds (first) " + ", ".join(
+                    f"{x:.2f}" for x in row["first_ratio_rounds"]
+                )
         print(
             f"{row['shape']:8s} {row['config']:4s} first {row['first_s']:7.2f} s  second "
             f"{row['second_s']:7.2f} s  new outputs {row['third_s']:7.2f} s  valid "
