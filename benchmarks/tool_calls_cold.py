@@ -591,6 +591,9 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
                 x = i + (j - 1) * 0.27
                 ax.bar(x, r[key], 0.25, color=COLORS.get(r["config"], "#777777"),
                        alpha=(1.0, 0.5, 0.75)[j])  # fmt: skip
+                rounds = r.get(f"{key}_rounds", [])
+                if len(rounds) > 1:  # each round's pass, on its median's bar
+                    ax.plot([x] * len(rounds), rounds, "k.", markersize=4)
                 valid = r[valid_key]
                 ax.text(x, r[key], f"{label}\n{r[key]:.1f} s\nvalid {valid}/{r['requests']}",
                         ha="center", va="bottom", fontsize=8)  # fmt: skip
@@ -607,9 +610,12 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
         title = "named tool_choice, 1 tool" if shape == "named" else "required, 2 tools"
         ax.set_title(f"{title}, {mine[0]['requests']} requests{ratio}", fontsize=10)
     s, m = record["settings"], record["machine"]
+    rounds = s.get("rounds", 1)
+    medians = f"\nmedians of {rounds} servers each (dots: every server's)" if rounds > 1 else ""
     fig.suptitle(
         f"Tool calls, {s['tools']} Glaive tools, {s['clients']} clients, max_tokens "
-        f"{s['max_tokens']}, T=1; {m['cpu_model']} x{m['cpu_cores']}, vLLM {m['vllm']}",
+        f"{s['max_tokens']}, T=1;\n{m['cpu_model']} x{m['cpu_cores']}, vLLM {m['vllm']}"
+        f"{medians}",
         fontsize=10,
     )
     fig.tight_layout()
