@@ -49,10 +49,11 @@ counted as valid (at least one call, every call valid), finished (``finish_reaso
 ``length``) and cut at ``max_tokens``; for ``ours``, the rows that waited for their compile
 at their first mask, how long in all, and the rows that took admission's start row instead
 (the engine's state snapshot, ``compile_waits``).
-Shapes alternate which configuration runs first. ``--rounds N`` repeats each shape's servers
-N times, the configurations' order alternating round by round (this machine's pass times
-drift by more than the gap measured): the table reports each pass's median over the rounds,
-the ratio of the medians, and every round's own ratio.
+The configurations' order alternates from one set of servers to the next (a shape's round:
+the first shape's, then the next). ``--rounds N`` runs each shape's servers N times (this
+machine's pass times drift by more than the gap measured): the table reports each pass's
+median over the rounds and every round's, the ratio of the medians, every round's own ratio
+(its servers ran one after the other) and their median.
 Writes ``tool_calls_cold.json`` and ``tool_calls_cold.png`` under ``--out``.
 
 Usage::
@@ -64,8 +65,8 @@ Usage::
     python -m benchmarks.tool_calls_cold --rounds 3 --out /tmp/rounds   # medians of 3 servers
 
 On a shared machine run it under ``flock /tmp/engine.lock`` with ``HF_HUB_OFFLINE=1
-VLLM_CPU_KVCACHE_SPACE=2``: it starts six servers one after another (two probe servers, then
-one per shape and configuration, and round).
+VLLM_CPU_KVCACHE_SPACE=2``: it starts its servers one after another, two probe servers and
+then one per shape, configuration and round (six by default).
 """
 
 from __future__ import annotations
@@ -522,7 +523,8 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (shape, config), mine in sorted(by.items(), key=lambda kv: _order(*kv[0])):
         first, second, third = ([r["passes"][i]["summary"] for r in mine] for i in range(3))
-        medians = [median(w) for w in walls[(shape, config)]]
+        own = walls[(shape, config)]
+        medians = [median(w) for w in own]
         row = {
             "shape": shape,
             "config": config,
@@ -531,11 +533,12 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "first_s": medians[0],
             "second_s": medians[1],
             "third_s": medians[2],
-            "first_s_rounds": walls[(shape, config)][0],
-            "second_s_rounds": walls[(shape, config)][1],
-            "third_s_rounds": walls[(shape, config)][2],
-            "cold_penalty_s": medians[0] - medians[1],
-            "schemas_cost_s": medians[0] - medians[2],
+            "first_s_rounds": own[0],
+            "second_s_rounds": own[1],
+            "third_s_rounds": own[2],
+            # (each round's own difference: medians may be of different servers)
+            "cold_penalty_s": median([a - b for a, b, _ in zip(*own, strict=True)]),
+            "schemas_cost_s": median([a - c for a, _, c in zip(*own, strict=True)]),
             "warmup_tool_s": median([r["warmup"]["tool_s"] for r in mine]),
             "startup_s_rounds": [r["startup_s"] for r in mine],
             "valid_first": min(p["valid"] for p in first),
@@ -544,7 +547,14 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "finished_first": min(p["finished"] for p in first),
             "cut_first": max(p["cut_at_max_tokens"] for p in first),
             "errors_first": max(p["errors"] for p in first),
-            "calls_not_strict_json_first": first[0].get("calls_not_strict_json"),
+            "calls_not_strict_json_first": max(
+                (
+                    p["calls_not_strict_json"]
+                    for p in first
+                    if p.get("calls_not_strict_json") is not None
+                ),
+                default=None,
+            ),
             "tokens_first": [p["completion_tokens"] for p in first],
             "tokens_second": [p["completion_tokens"] for p in second],
             "tokens_third": [p["completion_tokens"] for p in third],
@@ -560,6 +570,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[f"{name}_ratio_rounds"] = [
                     a / b for a, b in zip(walls[(shape, config)][i], other[i], strict=False)
                 ]
+                row[f"{name}_ratio_median_of_rounds"] = median(row[f"{name}_ratio_rounds"])
         rows.append(row)
     return rows
 
@@ -595,9 +606,9 @@ def plot(record: dict[str, Any], path: pathlib.Path) -> None:
                 if len(rounds) > 1:  # each round's pass, on its median's bar
                     ax.plot([x] * len(rounds), rounds, "k.", markersize=4)
                 valid = r[valid_key]
-                ax.text(x, r[key], f"{label}\n{r[key]:.1f} s\nvalid {valid}/{r['requests']}",
-                        ha="center", va="bottom", fontsize=8)  # fmt: skip
-        top = max([1.0, *(r["first_s"] for r in mine)])
+                text = f"{label}\n{r[key]:.1f} s\nvalid {valid}/{r['requests']}"
+                ax.text(x, max(r[key], *rounds), text, ha="center", va="bottom", fontsize=8)
+        top = max([1.0, *(x for r in mine for x in (r["first_s"], *r.get("first_s_rounds", ())))])
         ax.set_ylim(0, top * 1.35)
         ax.set_xticks(range(len(mine)), [r["config"] for r in mine])
         ax.set_ylabel("wall time of the pass (s)")
@@ -720,8 +731,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"second {row['second_ratio_ours_over_vllm']:.2f} "
                       f"new outputs {row['third_ratio_ours_over_vllm']:.2f}")  # fmt: skip
             if row["rounds"] > 1:
-                ratios += "  rounds (first) " + ", ".join(
-                    f"{x:.2f}" for x in row["first_ratio_rounds"]
+                ratios += (
+                    "  rounds (first) "
+                    + ", ".join(f"{x:.2f}" for x in row["first_ratio_rounds"])
+                    + f", their median {row['first_ratio_median_of_rounds']:.2f}"
                 )
         print(
             f"{row['shape']:8s} {row['config']:4s} first {row['first_s']:7.2f} s  second "
