@@ -568,7 +568,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for i, name in enumerate(("first", "second", "third")):
                 row[f"{name}_ratio_ours_over_vllm"] = medians[i] / median(other[i])
                 row[f"{name}_ratio_rounds"] = [
-                    a / b for a, b in zip(walls[(shape, config)][i], other[i], strict=False)
+                    a / b for a, b in zip(own[i], other[i], strict=False)
                 ]
                 row[f"{name}_ratio_median_of_rounds"] = median(row[f"{name}_ratio_rounds"])
         rows.append(row)
