@@ -1053,3 +1053,98 @@ def test_a_free_text_row_again_sorts_only_the_classes_that_no_longer_fit(vocab, 
     fresh = _text_row_again(vocab, monkeypatch, resort=False)
     assert fresh.whole and again.fits <= fresh.classes
     assert again.row == fresh.row and stack.witness[0] in again.row
+
+
+def _weather_stack(vocab, limit: int = 120):
+    from constrained.options import Options
+    from tests.closing_walk import closing_stack
+    from tests.test_structural_tag import vllm_tag
+
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    }
+    tag = Options(structural_tag=vllm_tag("hermes", "required", weather)).structural_tag
+    return closing_stack(compile_now(GrammarSpec("structural_tag", tag), vocab), vocab, limit)
+
+
+def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(vocab, monkeypatch):
+    """A narrow row within reach (a key's tokens: ``"name``, ``"``) whose tokens
+    write the witness's first bytes: their suffixes, the rest of the witness's text, are
+    recorded without a check (no ``completes``: a matcher reads bytes, so the witness's text
+    completes however tokens split it), and each of them does complete."""
+    stack = _weather_stack(vocab)
+    root = find_witness(stack.inner, vocab, 70)
+    assert stack.consume(root[:2])  # ``<tool_call>`` ``{``
+    witness = find_witness(stack.inner, vocab, 70)
+    bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+    stack.inner.fill(bitmask, 0)
+    words = bitmask[0].numpy().view(np.uint32)
+    pieces = vocab.token_bytes()
+    row = [t for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+           if t < vocab.width and t != vocab.eos_token_id]  # fmt: skip
+    text = b"".join(pieces[t] for t in witness)
+    writers = [t for t in row if pieces[t] and text.startswith(pieces[t])]
+    assert witness[0] in writers and len(writers) >= 2  # ``"name`` and ``"``
+    calls = []
+    counted = closing_check.completes
+    monkeypatch.setattr(
+        closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
+    )
+    safe = stack.sorter.clear_risers(words, witness, stack.left)
+    assert safe is not None and set(writers) <= set(safe)
+    assert not set(writers) & set(calls)  # none of them was checked
+    monkeypatch.setattr(closing_check, "completes", counted)
+    for token in writers:
+        assert closing_module.completes(stack.inner, [token, *safe[token]])
+
+
+def test_the_witness_text_known_after_a_token_never_passes_a_token_without_bytes(vocab):
+    """``Spelling.aligned_bytes``: the witness's rest after a token that writes its first
+    bytes, and where it is known it completes; never across a token that writes no bytes
+    (``<tool_call>``, ``</tool_call>``: no text stands for a special token), nor where the
+    token does not begin the witness's text."""
+    from constrained.grammars.closing_spelling import Spelling
+
+    stack = _weather_stack(vocab)
+    spelling, pieces = Spelling(vocab), vocab.token_bytes()
+    root = find_witness(stack.inner, vocab, 70)
+    assert pieces[root[0]] == b"" and pieces[root[-1]] == b""  # the tag's special tokens
+    after_start = pieces[root[1]]
+    assert spelling.aligned_bytes(after_start, root) is None  # it would pass ``<tool_call>``
+    assert spelling.aligned_bytes(b"x", root) is None
+    known = 0
+    for k in range(1, len(root)):  # from each state along the root witness
+        assert stack.consume(root[k - 1 : k])
+        witness = root[k:]
+        text = b"".join(pieces[t] for t in witness)
+        for token, piece in enumerate(pieces):
+            if not piece or not text.startswith(piece):
+                continue
+            rest = spelling.aligned_bytes(piece, witness)
+            if rest is None:  # (its bytes up to the next bound do not decode alone)
+                continue
+            assert rest[-1] == witness[-1]  # ``</tool_call>`` kept
+            assert b"".join(pieces[t] for t in [token, *rest]) == text
+            assert closing_module.completes(stack.inner, [token, *rest])
+            known += 1
+    assert known >= 10
+
+
+def test_the_witness_first_token_is_checked_without_a_completes(vocab, monkeypatch):
+    """A near row's check of the witness's own first token: its suffix is the witness's
+    rest (the witness completes from here: checked when found, followed since), recorded
+    without consuming it all again."""
+    stack = _weather_stack(vocab)
+    witness = find_witness(stack.inner, vocab, 70)
+    calls = []
+    counted = closing_check.completes
+    monkeypatch.setattr(
+        closing_check, "completes", lambda m, tokens: calls.append(tokens) or counted(m, tokens)
+    )
+    safe: dict[int, list[int]] = {}
+    found = stack.checker.check(witness[0], witness, stack.left, safe, Walks())
+    assert found == witness[1:] and safe == {witness[0]: witness[1:]} and not calls
+    # with no room for the witness's rest the check goes on as before (here: nothing fits)
+    assert stack.checker.check(witness[0], witness, len(witness), {}, Walks()) is None

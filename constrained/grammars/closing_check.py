@@ -167,6 +167,10 @@ class Checker:
             if not completes(self.inner, [token]):
                 return None
             return self._found(token, [], witness, safe, key, False)
+        if witness and token == witness[0] and len(witness) - 1 <= room:
+            # The witness completes from here (checked when it was found, followed since):
+            # its first token's suffix is its rest, without consuming it all again.
+            return self._found(token, witness[1:], witness, safe, key, False)
         longer = []  # known suffixes too long for the room: tried only where it matters
         kinds, continues = self.seams or (None, None)
         kind = int(kinds[token]) if kinds is not None else SEAM_FREE
@@ -251,6 +255,13 @@ class Checker:
                 yield other, True
         for suffix in memory.realigned(token, self.spelling):
             yield suffix, True
+
+    def record(
+        self, token: int, suffix: list[int], witness: list[int], safe: dict[int, list[int]]
+    ) -> None:
+        """Record ``suffix`` as ``token``'s, known to complete after it without a check
+        (``Spelling.aligned_bytes``), as a check that found it records it."""
+        self._found(token, suffix, witness, safe, None, False)
 
     def _found(
         self,

@@ -130,6 +130,29 @@ class Spelling:
             return witness[bounds[len(piece)] :]
         return self.rest(witness, text, bounds, len(piece))
 
+    def aligned_bytes(self, piece: bytes, witness: list[int]) -> list[int] | None:
+        """A completion after a token that writes ``piece``, found without a check where
+        ``piece`` writes the witness's first bytes: the witness's tokens from the first of
+        their bounds at or after its end, after the bytes up to that bound as the tokenizer
+        writes them (a matcher reads bytes: the witness's text completes however tokens
+        split it). ``None`` where ``piece`` does not begin the witness's text, or passes a
+        token that writes no bytes (a special token: no text stands for it), or the bytes
+        up to the bound do not decode (it ends inside a character)."""
+        if not piece or not witness:
+            return None
+        text, bounds = self.text_of(witness)
+        if not text.startswith(piece):
+            return None
+        at = len(piece)
+        end = at if at in bounds else next(bound for bound in bounds if bound > at)
+        pieces = self.vocab.token_bytes()
+        if not all(pieces[token] for token in witness[: bounds[end]]):
+            return None
+        head = self.spelt(text[at:end]) if end > at else []
+        if head is None or b"".join(pieces[token] for token in head) != text[at:end]:
+            return None  # (a tokenizer that adds a space before a word writes other bytes)
+        return [*head, *witness[bounds[end] :]]
+
     def spelt(self, text: bytes) -> list[int] | None:
         """``text`` as the tokenizer writes it; ``None`` where it does not decode (it
         starts or ends inside a UTF-8 character)."""
