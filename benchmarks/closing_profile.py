@@ -27,7 +27,9 @@ it on (inclusive: a walk inside a sort counts in both):
 ``--tool-pairs N``: instead of schemas, N ``tool_choice: "required"`` requests over pairs
 of Glaive tools (``benchmarks.tool_calls_cold``'s), each the structural tag vLLM's hermes
 parser builds for them (its own ``get_hermes_structural_tag``), as the server's routing
-passes it on (``openai_routing``: strict arguments).
+passes it on (``openai_routing``: strict arguments). ``--named-tools N``: instead, the
+parameters of N of those tools, each what a named ``tool_choice`` constrains the arguments
+to (a JSON schema).
 
 Writes ``closing_profile.json`` and ``closing_profile.png`` under ``--out``.
 
@@ -35,6 +37,8 @@ Writes ``closing_profile.json`` and ``closing_profile.png`` under ``--out``.
     python -m benchmarks.closing_profile --schemas 8 --steps 8 --rounds 1 --out /tmp/cp_smoke
     python -m benchmarks.closing_profile --tool-pairs 8 --budget 160 --steps 120 \
         --out benchmarks/results/closing_profile_tools
+    python -m benchmarks.closing_profile --named-tools 8 --budget 160 --steps 120 \
+        --out benchmarks/results/closing_profile_named
 """
 
 from __future__ import annotations
@@ -222,6 +226,18 @@ def tool_pair_tags(maskbench: pathlib.Path, pairs: int, seed: int) -> dict[str, 
     return tags
 
 
+def named_tool_schemas(maskbench: pathlib.Path, tools: int, seed: int) -> dict[str, str]:
+    """The parameters of ``tools`` Glaive tools (``benchmarks.tool_calls_cold``'s), each what
+    a named ``tool_choice`` constrains the arguments to (vLLM's structured outputs ``json``,
+    which our routing moves to ``json_schema``)."""
+    from benchmarks.tool_calls_cold import candidates, make_tool
+
+    schemas = {}
+    for name in candidates(maskbench, seed)[:tools]:
+        schemas[name] = json.dumps(make_tool(maskbench, name)["function"]["parameters"])
+    return schemas
+
+
 def plot(record: dict, path: pathlib.Path) -> None:
     import matplotlib
 
@@ -256,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=64)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--named-tools",
+        type=int,
+        default=0,
+        help="profile N named tool calls' arguments instead of schemas",
+    )
     parser.add_argument("--tool-pairs", type=int, default=0,
                         help="hermes `required` tags over pairs of Glaive tools")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path,
@@ -265,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tool_pairs:
         kind, texts = "structural_tag", tool_pair_tags(args.maskbench, args.tool_pairs, args.seed)
+    elif args.named_tools:
+        kind, texts = "json_schema", named_tool_schemas(args.maskbench, args.named_tools, args.seed)
     else:
         names = draw(args.maskbench, args.schemas, args.seed)
         kind = "json_schema"
