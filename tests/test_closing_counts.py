@@ -1098,6 +1098,15 @@ def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(voca
     monkeypatch.setattr(closing_check, "completes", counted)
     for token in writers:
         assert closing_module.completes(stack.inner, [token, *safe[token]])
+    # a writer whose rest takes the whole room and one more is checked as any other token
+    other = next(t for t in writers if t != witness[0])
+    tight = len(safe[other]) + 1  # ``left - 2`` one short of the rest
+    calls.clear()
+    monkeypatch.setattr(
+        closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
+    )
+    stack.sorter.clear_risers(words.copy(), witness, tight)
+    assert other in calls
 
 
 def test_the_witness_text_known_after_a_token_never_passes_a_token_without_bytes(vocab):
@@ -1123,7 +1132,11 @@ def test_the_witness_text_known_after_a_token_never_passes_a_token_without_bytes
             if not piece or not text.startswith(piece):
                 continue
             rest = spelling.aligned_bytes(piece, witness)
-            if rest is None:  # (its bytes up to the next bound do not decode alone)
+            if rest is None:  # only where its bytes up to the next bound do not decode alone
+                _, bounds = spelling.text_of(witness)
+                end = next(bound for bound in bounds if bound >= len(piece))
+                with pytest.raises(UnicodeDecodeError):
+                    text[len(piece) : end].decode()
                 continue
             assert rest[-1] == witness[-1]  # ``</tool_call>`` kept
             assert b"".join(pieces[t] for t in [token, *rest]) == text
@@ -1148,3 +1161,37 @@ def test_the_witness_first_token_is_checked_without_a_completes(vocab, monkeypat
     assert found == witness[1:] and safe == {witness[0]: witness[1:]} and not calls
     # with no room for the witness's rest the check goes on as before (here: nothing fits)
     assert stack.checker.check(witness[0], witness, len(witness), {}, Walks()) is None
+
+
+def test_riser_rows_are_checked_where_the_stack_does_not_read_bytes(vocab, monkeypatch):
+    """``Matcher.reads_bytes``: xgrammar's stack reads bytes (the layers above forward the
+    bottom's answer); llguidance's does not (it holds forced text to its own spelling: only
+    ``{"`` starts ``{"name"``, not ``{``). Where the stack does not, a riser row's tokens
+    that write the witness's first bytes are checked as any other token."""
+    from tests.closing_walk import closing_stack
+
+    stack = _weather_stack(vocab)
+    assert stack.inner.reads_bytes and stack.inner.bottom.reads_bytes
+    lark = 'start: "{\\"name\\":\\"" word "\\"}"\nword: "abcdefgh"\n'
+    plain = compile_now(GrammarSpec("grammar", lark, "llguidance"), vocab)
+    assert not closing_stack(plain, vocab, 80).inner.reads_bytes
+    root = find_witness(stack.inner, vocab, 70)
+    assert stack.consume(root[:2])  # ``<tool_call>`` ``{``
+    witness = find_witness(stack.inner, vocab, 70)
+    bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
+    stack.inner.fill(bitmask, 0)
+    words = bitmask[0].numpy().view(np.uint32)
+    pieces = vocab.token_bytes()
+    text = b"".join(pieces[t] for t in witness)
+    row = [t for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+           if t < vocab.width and t != vocab.eos_token_id]  # fmt: skip
+    writers = [t for t in row if pieces[t] and text.startswith(pieces[t]) and t != witness[0]]
+    assert writers  # ``"`` against ``"name``
+    monkeypatch.setattr(type(stack.inner), "reads_bytes", property(lambda self: False))
+    calls = []
+    counted = closing_check.completes
+    monkeypatch.setattr(
+        closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
+    )
+    stack.sorter.clear_risers(words, witness, stack.left)
+    assert set(writers) <= set(calls)

@@ -337,8 +337,9 @@ class RowSorter:
         walks, risers = Walks(why=True, left=RISER_WALK_TOKENS), []
         tokens = ids.tolist()
         pieces, spelling = self.vocab.token_bytes(), self.checker.spelling
+        by_bytes = self.checker.inner.reads_bytes
         for token in tokens:
-            known = spelling.aligned_bytes(pieces[token], witness)
+            known = spelling.aligned_bytes(pieces[token], witness) if by_bytes else None
             if known is not None and len(known) <= left - 2:
                 # it writes the witness's first bytes: their rest, in time, as a check finds it
                 self.checker.record(token, known, witness, safe)

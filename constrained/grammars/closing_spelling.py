@@ -149,7 +149,9 @@ class Spelling:
         if not all(pieces[token] for token in witness[: bounds[end]]):
             return None
         head = self.spelt(text[at:end]) if end > at else []
-        if head is None or b"".join(pieces[token] for token in head) != text[at:end]:
+        if head is None or any(token >= len(pieces) for token in head):
+            return None  # (an id past the model's width)
+        if b"".join(pieces[token] for token in head) != text[at:end]:
             return None  # (a tokenizer that adds a space before a word writes other bytes)
         return [*head, *witness[bounds[end] :]]
 

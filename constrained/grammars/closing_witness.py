@@ -123,8 +123,8 @@ class WitnessTracker:
             if len(ahead) == 1
             else self.drafts.get(tuple(ahead[:-1]), ({}, {}))
         )
-        if ahead[-1] in safe:
-            return safe[ahead[-1]]
+        if ahead[-1] in safe and completes(self.inner, safe[ahead[-1]]):
+            return safe[ahead[-1]]  # (checked here: a sort's may be another state's)
         tries = [by_class[key] for key in self.class_keys(ahead[-1]) if key in by_class]
         if witness is not None:
             tries += [witness[k:] for k in range(min(len(ahead), len(witness)) + 1)]

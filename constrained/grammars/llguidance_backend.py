@@ -103,6 +103,10 @@ class LLGuidanceMatcher(Matcher):
     (closing's walks, draft rows). A rollback of committed tokens below the last state
     masked in place rebuilds the matcher from an unmasked copy of its start and the tokens
     that stay (``tests/test_llguidance_rollback.py``).
+
+    It does not read bytes alone (``reads_bytes`` is ``False``): where text is forced it
+    allows its own spelling of it (``{"`` at the start of ``{"name"``, not ``{``), so a
+    completion spelt otherwise may be refused.
     """
 
     def __init__(self, grammar: LLGuidanceGrammar) -> None:

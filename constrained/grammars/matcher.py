@@ -53,6 +53,11 @@ The optional hooks (defaults here; a layer overrides what it knows):
 - ``suffixes() -> list[list[int]]``: completions the stack knows from its state (closing's
   witnesses), kept for the same request's next stack when vLLM preempts it
   (``build_stack``'s ``hints``).
+- ``reads_bytes``: whether the stack takes the same text however tokens split it (no rule
+  counts tokens, refuses a token by its id or holds forced text to one spelling; special
+  tokens aside, which write no text): closing then knows a completion after a token that
+  writes the witness's first bytes without a check (``Spelling.aligned_bytes``). ``False``
+  by default; xgrammar's matchers, unless a rule counts tokens or excludes one.
 
 The reasoning gate's hooks for the writer (``free``, ``bans``, ``stays_free``,
 ``reads_prompt``, ``read_prompt``) are not the contract's: ``stack.GrammarRow`` holds them,
@@ -136,6 +141,8 @@ class Matcher(ABC):
     def suffixes(self) -> list[list[int]]:
         return []
 
+    reads_bytes: bool = False
+
 
 class MatcherWrapper(Matcher):
     """A layer over ``inner``: forwards the core, adds its own clearing (``_narrow_own``)."""
@@ -188,6 +195,11 @@ class MatcherWrapper(Matcher):
 
     def suffixes(self) -> list[list[int]]:
         return self.inner.suffixes()
+
+    @property
+    def reads_bytes(self) -> bool:  # type: ignore[override]
+        """A layer's own rules read bytes (numbers, array items): as the layers below."""
+        return self.inner.reads_bytes
 
 
 def words_for(width: int) -> int:

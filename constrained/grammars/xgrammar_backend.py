@@ -125,13 +125,25 @@ class XGrammarGrammar:
             text = str(self.compiled.grammar)
             bytes_only = not any(mark in text for mark in _TOKEN_LEVEL_MARKS)
             view = (_token_pieces(self.vocab, self.written), bytes_only)
+            # (token-id elements are special tokens, which write no text: only counts and
+            # exclusions by id tell two spellings of one text apart; set first: another
+            # thread may read it once the view is there)
+            self._reads_bytes = not any(mark in text for mark in _TOKEN_COUNTING_MARKS)
             self._byte_view = view
         return view
+
+    def reads_bytes(self) -> bool:
+        """``Matcher.reads_bytes`` for this grammar's matchers (no ``max_tokens`` budget, no
+        ``ExcludeToken(...)``), decided with ``byte_view``."""
+        self.byte_view()
+        return self._reads_bytes
 
 
 # How xgrammar prints the grammar elements that read token ids or count tokens (conservative:
 # a schema whose text merely contains one only loses the fast path of ``completes``).
 _TOKEN_LEVEL_MARKS = ("Token(", "max_tokens=", "max_chars=")
+# ... and those that tell two spellings of one text apart (``reads_bytes``)
+_TOKEN_COUNTING_MARKS = ("max_tokens=", "ExcludeToken(")
 
 
 def _token_pieces(vocab: Vocab, written: frozenset[int]) -> list[bytes | None]:
@@ -157,6 +169,7 @@ class XGrammarMatcher(Matcher):
         self.inner = xgrammar.GrammarMatcher(grammar.compiled)  # rollback is unlimited
         self.error: str | None = None
         self.pieces, self.bytes_only = grammar.byte_view()
+        self.reads_bytes = grammar.reads_bytes()
 
     def consume(self, tokens: Sequence[int]) -> bool:
         for token in tokens:
