@@ -1069,12 +1069,9 @@ def _weather_stack(vocab, limit: int = 120):
     return closing_stack(compile_now(GrammarSpec("structural_tag", tag), vocab), vocab, limit)
 
 
-def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(vocab, monkeypatch):
-    """A narrow row within reach (a key's tokens: ``"name``, ``"``) whose tokens
-    write the witness's first bytes: their suffixes, the rest of the witness's text, are
-    recorded without a check (no ``completes``: a matcher reads bytes, so the witness's text
-    completes however tokens split it), and each of them does complete."""
-    stack = _weather_stack(vocab)
+def _key_row(stack, vocab) -> tuple[list[int], np.ndarray, list[int]]:
+    """After ``<tool_call>`` ``{``: the witness, the row's words, and the row's tokens that
+    write the witness's first bytes (``"name``, ``"``)."""
     root = find_witness(stack.inner, vocab, 70)
     assert stack.consume(root[:2])  # ``<tool_call>`` ``{``
     witness = find_witness(stack.inner, vocab, 70)
@@ -1082,10 +1079,19 @@ def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(voca
     stack.inner.fill(bitmask, 0)
     words = bitmask[0].numpy().view(np.uint32)
     pieces = vocab.token_bytes()
+    text = b"".join(pieces[t] for t in witness)
     row = [t for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
            if t < vocab.width and t != vocab.eos_token_id]  # fmt: skip
-    text = b"".join(pieces[t] for t in witness)
-    writers = [t for t in row if pieces[t] and text.startswith(pieces[t])]
+    return witness, words, [t for t in row if pieces[t] and text.startswith(pieces[t])]
+
+
+def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(vocab, monkeypatch):
+    """A narrow row within reach (a key's tokens: ``"name``, ``"``) whose tokens
+    write the witness's first bytes: their suffixes, the rest of the witness's text, are
+    recorded without a check (no ``completes``: a matcher reads bytes, so the witness's text
+    completes however tokens split it), and each of them does complete."""
+    stack = _weather_stack(vocab)
+    witness, words, writers = _key_row(stack, vocab)
     assert witness[0] in writers and len(writers) >= 2  # ``"name`` and ``"``
     calls = []
     counted = closing_check.completes
@@ -1175,17 +1181,8 @@ def test_riser_rows_are_checked_where_the_stack_does_not_read_bytes(vocab, monke
     lark = 'start: "{\\"name\\":\\"" word "\\"}"\nword: "abcdefgh"\n'
     plain = compile_now(GrammarSpec("grammar", lark, "llguidance"), vocab)
     assert not closing_stack(plain, vocab, 80).inner.reads_bytes
-    root = find_witness(stack.inner, vocab, 70)
-    assert stack.consume(root[:2])  # ``<tool_call>`` ``{``
-    witness = find_witness(stack.inner, vocab, 70)
-    bitmask = torch.zeros(1, words_for(vocab.width), dtype=torch.int32)
-    stack.inner.fill(bitmask, 0)
-    words = bitmask[0].numpy().view(np.uint32)
-    pieces = vocab.token_bytes()
-    text = b"".join(pieces[t] for t in witness)
-    row = [t for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
-           if t < vocab.width and t != vocab.eos_token_id]  # fmt: skip
-    writers = [t for t in row if pieces[t] and text.startswith(pieces[t]) and t != witness[0]]
+    witness, words, writers = _key_row(stack, vocab)
+    writers = [t for t in writers if t != witness[0]]
     assert writers  # ``"`` against ``"name``
     monkeypatch.setattr(type(stack.inner), "reads_bytes", property(lambda self: False))
     calls = []
