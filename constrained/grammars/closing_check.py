@@ -3,8 +3,11 @@ output after it in time, a known one first, else a walk.
 
 A check is one ``completes`` of the matcher per suffix tried (llguidance: about 2 us); a walk
 costs a mask per token, so what earlier checks found (``SuffixMemory``) is tried first. The
-guarantee rests only on the matcher's own checks: a suffix is kept only where the matcher
-consumed the token and the suffix and accepts the end.
+guarantee rests on the matcher's own checks: a suffix is kept only where the matcher consumed
+the token and the suffix and accepts the end, or, for the witness's own first token, the
+witness's rest (the witness was so checked). A riser row (``RowSorter.clear_risers``) also
+keeps, unchecked, the rest of the witness's text after a token that writes its first bytes,
+where the stack reads bytes (``Matcher.reads_bytes``).
 
 Example::
 
