@@ -52,6 +52,7 @@ class Bad:
 UNIQUE = {"type": "array", "uniqueItems": True}
 STRUCTURE = {"begin": "<a>", "end": "</a>", "schema": UNIQUE}
 UNIQUE_TAG = json.dumps({"type": "structural_tag", "triggers": ["<a>"], "structures": [STRUCTURE]})
+TRIGGERED_TAG = UNIQUE_TAG.replace('"uniqueItems": true', '"minItems": 1')
 CONST_TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}'
 
 CORPUS: list[Bad] = [
@@ -95,9 +96,14 @@ CORPUS: list[Bad] = [
     ),
     Bad("structural-tag-refused-keyword", {"structural_tag": UNIQUE_TAG}, "structural_tag"),
     Bad(
-        "structural-tag-llguidance",
-        {"structural_tag": CONST_TAG, "grammar_backend": "llguidance"},
+        "structural-tag-outlines",
+        {"structural_tag": CONST_TAG, "grammar_backend": "outlines"},
         "grammar_backend",
+    ),
+    Bad(  # free text with triggers: xgrammar's part, not llguidance's
+        "structural-tag-llguidance-triggers",
+        {"structural_tag": TRIGGERED_TAG, "grammar_backend": "llguidance"},
+        "structural_tag",
     ),
     # thinking first
     Bad("reasoning-end-empty", {"json_schema": "{}", "reasoning_end": " "}, "reasoning_end"),

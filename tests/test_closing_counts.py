@@ -668,7 +668,9 @@ def test_the_witness_text_after_a_token_keeps_the_tags_end_token(vocab):
         "required": ["city", "days"],
     }
     tag = Options(structural_tag=vllm_tag("hermes", "required", weather)).structural_tag
-    stack = closing_stack(compile_now(GrammarSpec("structural_tag", tag), vocab), vocab, 80)
+    stack = closing_stack(
+        compile_now(GrammarSpec("structural_tag", tag, "xgrammar"), vocab), vocab, 80
+    )
     pieces = vocab.token_bytes()
     root = find_witness(stack.inner, vocab, 70)
     assert root is not None and pieces[root[-1]] == b""  # ``</tool_call>``, as a token
@@ -1056,6 +1058,7 @@ def test_a_free_text_row_again_sorts_only_the_classes_that_no_longer_fit(vocab, 
 
 
 def _weather_stack(vocab, limit: int = 120):
+    """A hermes tool call's stack on xgrammar, whose stacks read bytes."""
     from constrained.options import Options
     from tests.closing_walk import closing_stack
     from tests.test_structural_tag import vllm_tag
@@ -1066,7 +1069,9 @@ def _weather_stack(vocab, limit: int = 120):
         "required": ["city", "days"],
     }
     tag = Options(structural_tag=vllm_tag("hermes", "required", weather)).structural_tag
-    return closing_stack(compile_now(GrammarSpec("structural_tag", tag), vocab), vocab, limit)
+    return closing_stack(
+        compile_now(GrammarSpec("structural_tag", tag, "xgrammar"), vocab), vocab, limit
+    )
 
 
 def _key_row(stack, vocab) -> tuple[list[int], np.ndarray, list[int]]:

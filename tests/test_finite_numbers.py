@@ -350,7 +350,8 @@ def _finite_everywhere(value: object) -> bool:
     return True
 
 
-def test_tool_call_walks_over_glaive_tools_end_parsing_and_finite(vocab):
+@pytest.mark.parametrize("backend", ["auto", "xgrammar"])  # auto: llguidance compiles them
+def test_tool_call_walks_over_glaive_tools_end_parsing_and_finite(vocab, backend):
     """Uniform random walks, closing on at ``max_tokens`` 160, through the structural tag
     vLLM's hermes parser builds for ``tool_choice: "required"`` over pairs of real tools
     (MaskBench's Glaive function schemas, a sample of 12 pairs; arguments strict, as our
@@ -378,7 +379,8 @@ def test_tool_call_walks_over_glaive_tools_end_parsing_and_finite(vocab):
             t["begin"].split('"name": "')[1].split('"')[0]: t["content"]["json_schema"]
             for t in json.loads(text)["format"]["tags"]
         }
-        compiled = compile_now(GrammarSpec("structural_tag", strict_arguments(text)), vocab)
+        spec = GrammarSpec("structural_tag", strict_arguments(text), backend)
+        compiled = compile_now(spec, vocab)
         for _ in range(2):
             done = walk(closing_layer(compiled, vocab, 160), vocab, bitmask, rng, 160)
             assert done.ended == "eos", (name, done.ended)

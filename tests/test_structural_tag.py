@@ -2,9 +2,11 @@
 
 Without the engine: the two spellings vLLM accepts, the refusals (malformed tags, token-level
 parts, schemas inside that xgrammar would not enforce, named by keyword and place), compact
-whitespace inside, the special tokens a tag's delimiters spell, and vLLM's own tool-call
-tags (``get_model_structural_tag``, hermes and Qwen3.5's XML) walked token by token: every
-text they accept parses back, with vLLM's own tool parser, into arguments that validate.
+whitespace inside, the special tokens a tag's delimiters spell, which backend compiles which
+tag (llguidance tags of text and JSON, xgrammar the rest), and vLLM's own tool-call tags
+(``get_model_structural_tag``, hermes and Qwen3.5's XML) walked token by token on each
+backend that compiles them: every text they accept parses back, with vLLM's own tool parser,
+into arguments that validate.
 """
 
 from __future__ import annotations
@@ -84,11 +86,89 @@ def test_malformed_tags_are_refused_naming_the_field(value, message):
     assert message in str(error.value)
 
 
-def test_backends_other_than_xgrammar_are_refused_by_name():
+def test_a_backend_that_compiles_no_tag_is_refused_by_name():
     with pytest.raises(OptionError) as error:
-        Options.from_extra_args({"structural_tag": LEGACY, "grammar_backend": "llguidance"})
+        Options.from_extra_args({"structural_tag": LEGACY, "grammar_backend": "outlines"})
     assert error.value.field == "grammar_backend" and "structural_tag" in str(error.value)
     assert Options.from_extra_args({"structural_tag": LEGACY, "whitespace": "flexible"})
+    assert Options.from_extra_args({"structural_tag": LEGACY, "grammar_backend": "llguidance"})
+
+
+# A tag of text and JSON alone: what llguidance compiles (``structural_tag_lark``).
+JSON_TAG = {"type": "structural_tag", "format": {
+    "type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
+    "content": {"type": "json_schema", "json_schema": WEATHER}}}  # fmt: skip
+
+
+def test_json_style_calls_compile_on_llguidance_the_rest_on_xgrammar(vocab):
+    """``auto`` takes the first backend that compiles a tag: llguidance for tags of text and
+    JSON (hermes calls), xgrammar for free text with triggers and XML-style parameters; asked
+    for by name, llguidance names the part it does not compile and where it is."""
+    backend = {
+        name: unwrapped(compiled(vocab, tag)).backend
+        for name, tag in [
+            ("hermes required", vllm_tag("hermes", "required", WEATHER)),
+            ("json tag", JSON_TAG),
+            ("hermes auto", vllm_tag("hermes", "auto", WEATHER)),
+            ("qwen xml required", vllm_tag("qwen_3_5", "required", WEATHER)),
+            ("legacy", LEGACY),
+        ]
+    }
+    assert backend == {"hermes required": "llguidance", "json tag": "llguidance",
+                       "hermes auto": "xgrammar", "qwen xml required": "xgrammar",
+                       "legacy": "xgrammar"}  # fmt: skip
+    with pytest.raises(GrammarError) as error:
+        compiled(vocab, LEGACY, backend="llguidance")
+    assert "'triggered_tags' part (at /format)" in str(error.value)
+    xml = {**JSON_TAG, "format": {**JSON_TAG["format"], "content": {
+        "type": "qwen_xml_parameter", "json_schema": WEATHER}}}  # fmt: skip
+    with pytest.raises(GrammarError) as error:
+        compiled(vocab, xml, backend="llguidance")
+    assert "'qwen_xml' style (at /format/content/json_schema)" in str(error.value)
+
+
+def test_llguidance_tags_hold_the_same_rules(vocab):
+    """On llguidance a tag's JSON is compact (or capped per gap when flexible), each schema
+    held as a ``json_schema`` is (a keyword it would not enforce named, with its place), and
+    a special token the delimiters spell is written as itself or as its text, nowhere
+    else."""
+    call = '<tool_call>{"city":"Paris","days":3}</tool_call>'
+    grammar = compiled(vocab, JSON_TAG, backend="llguidance")
+    assert accepts(grammar, vocab, call)
+    assert not accepts(grammar, vocab, call.replace('{"city":"Paris"', '{"city": "Paris"'))
+    assert not accepts(grammar, vocab, call.replace('"days":3', '"days":9'))  # maximum
+    assert not accepts(grammar, vocab, call.replace('"days":3', '"hours":3'))  # closed object
+    assert not accepts(grammar, vocab, call + call)  # one tag
+    flexible = compiled(vocab, JSON_TAG, backend="llguidance", whitespace="flexible")
+    assert accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city": "Paris"'))
+    assert not accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city":   "Paris"'))
+
+    tokenizer = vocab.hf_tokenizer
+    open_id, close_id = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    ids = tokenizer.encode(call)
+    assert ids[0] == open_id and ids[-1] == close_id  # the special tokens themselves
+    assert grammar.matcher().consume(ids)
+    spelled = tokenizer.encode("<") + tokenizer.encode("tool_call>" + call[len("<tool_call>") :])
+    assert open_id not in spelled and grammar.matcher().consume(spelled)
+    inside = grammar.matcher()
+    assert inside.consume(tokenizer.encode('<tool_call>{"city":"'))
+    assert inside.try_consume([close_id]) == 0  # not inside a string
+    assert inside.try_consume([tokenizer.convert_tokens_to_ids("<|im_start|>")]) == 0
+
+    tags = {"type": "array", "uniqueItems": True}
+    unique = {**WEATHER, "properties": {**WEATHER["properties"], "tags": tags}}
+    tag = json.loads(vllm_tag("hermes", "required", unique))
+    for backend in ("llguidance", "auto"):  # auto: xgrammar refuses it too, naming it
+        with pytest.raises(GrammarError) as error:
+            compiled(vocab, tag, backend=backend)
+        assert error.value.keyword == "uniqueItems"
+        assert "/format/tags/0/content/json_schema" in str(error.value)
+    # ``not`` of a constant: rewritten exactly into keywords llguidance enforces
+    negated = {**WEATHER, "properties": {**WEATHER["properties"], "v": {"not": {"const": 1}}}}
+    grammar = compiled(vocab, vllm_tag("hermes", "required", negated), backend="llguidance")
+    begin = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo","v":'
+    assert accepts(grammar, vocab, begin + "2}}\n</tool_call>")
+    assert not accepts(grammar, vocab, begin + "1}}\n</tool_call>")
 
 
 def test_free_text_then_a_compact_tag(vocab):
@@ -360,11 +440,14 @@ def test_qwen_xml_values_are_exactly_what_the_parser_reads(vocab):
         assert not accepts(grammar, vocab, call.format(bad)), bad
 
 
-@pytest.mark.parametrize("parser_model", ["hermes", "qwen_3_5"])
-def test_random_walks_through_tool_call_masks_parse_back_valid(vocab, parser_model):
+@pytest.mark.parametrize(
+    ("parser_model", "backend"),
+    [("hermes", "llguidance"), ("hermes", "xgrammar"), ("qwen_3_5", "xgrammar")],
+)
+def test_random_walks_through_tool_call_masks_parse_back_valid(vocab, parser_model, backend):
     """Outputs sampled at random from the masks alone (every step a uniformly drawn allowed
     token, then a witness to finish) are read back by vLLM's own tool parser into arguments
-    that validate."""
+    that validate, on each backend that compiles the tag."""
     import random
 
     import torch
@@ -382,7 +465,8 @@ def test_random_walks_through_tool_call_masks_parse_back_valid(vocab, parser_mod
         "required": ["city", "days"],
         "additionalProperties": False,
     }  # fmt: skip
-    grammar = compiled(vocab, vllm_tag(parser_model, "required", schema))
+    grammar = compiled(vocab, vllm_tag(parser_model, "required", schema), backend=backend)
+    assert unwrapped(grammar).backend == backend
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
     request = ChatCompletionRequest(model="m", messages=[], tools=[tool], tool_choice="required")
     name = "hermes" if parser_model == "hermes" else "qwen3_coder"

@@ -2,8 +2,8 @@
 
 A backend compiles a JSON schema only when its ``refusal`` finds nothing it would not
 enforce. ``auto`` tries ``registry.BACKENDS`` in order and takes the first that compiles; when
-none does, the first backend's reason leads (llguidance enforces the most) and, for JSON
-schemas, the error names the keyword no backend enforces.
+none does, the first backend's reason leads (llguidance enforces the most) and the error names
+the keyword no backend enforces (for a structural tag, the first a backend named).
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def compile_auto(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
             errors.append(exc)
     reasons = "; ".join(str(e) for e in errors)
     first = errors[0]
-    keyword = BACKENDS[0].refused_keyword(first) if spec.kind == "json_schema" else first.keyword
+    if spec.kind == "json_schema":
+        keyword = BACKENDS[0].refused_keyword(first)
+    else:  # a tag's part one backend does not compile, the keyword another does not enforce
+        keyword = next((e.keyword for e in errors if e.keyword is not None), None)
     if keyword is not None:
         raise GrammarError(
             "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword

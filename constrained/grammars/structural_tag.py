@@ -3,7 +3,8 @@
 A structural tag describes an output made of parts: free text until a trigger, then a tag's
 ``begin``, its content (JSON valid against a schema, in JSON or a model's XML parameter
 style; a regex; a grammar ...) and its ``end``. vLLM builds one per tool parser for tool
-calls and accepts them in ``structured_outputs.structural_tag``; xgrammar compiles them. Two
+calls and accepts them in ``structured_outputs.structural_tag``; llguidance compiles those of
+text and JSON, xgrammar every one (``grammars/*_backend.py``). Two
 spellings are read, both as vLLM reads them:
 
 - vLLM's first one: ``{"type": "structural_tag", "structures": [{"begin": ..., "schema":

@@ -11,8 +11,9 @@ U+00A0, U+3000...); an optional group starting with a repetition matches without
 of the group (``^(?:a*c)?d$`` takes ``ad``), so such a pattern is refused; it reads an
 untyped schema with ``properties`` as an object and one with ``items`` as an array; it
 checks ``multipleOf`` of integers only, and ``patternProperties`` only as the sole way to
-add keys. It is the backend with a per-separator whitespace cap, and the one that compiles
-structural tags (``structural_tag.py``): each schema inside is held to the same rules,
+add keys. It is the backend with a per-separator whitespace cap, and compiles every structural
+tag (``structural_tag.py``; ``auto`` takes llguidance first for those of text and JSON, which
+compiles them in milliseconds): each schema inside is held to the same rules,
 rewritten where that makes it enforceable, closed when asked; JSON content is compact as
 xgrammar's own compact JSON grammar (its structural tags take any whitespace in JSON), else
 capped per gap (XML-style parameters: at least one character, xgrammar's least); special
