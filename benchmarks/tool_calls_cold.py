@@ -48,7 +48,8 @@ arguments parsed as JSON and validated with ``jsonschema`` against that tool's p
 counted as valid (at least one call, every call valid), finished (``finish_reason`` not
 ``length``) and cut at ``max_tokens``; for ``ours``, the rows that waited for their compile
 at their first mask, how long in all, and the rows that took admission's start row instead
-(the engine's state snapshot, ``compile_waits``).
+(the engine's state snapshot, ``compile_waits``); for every configuration the CPU seconds
+each server process used (``cpu_s``: ``api`` the API server, the others by their title).
 The configurations' order alternates from one set of servers to the next (a shape's round:
 the first shape's, then the next). ``--rounds N`` runs each shape's servers N times (this
 machine's pass times drift by more than the gap measured): the table reports each pass's
@@ -464,13 +465,15 @@ def run_config(
         status, body, tool_s = post(client, server.base, warm)
         warmup = {"plain_s": plain_s, "tool_s": tool_s, "tool": judge(status, body, warm)}
         passes = []
-        waits = compile_waits(workdir)
+        waits, cpu = compile_waits(workdir), server_cpu(server.proc.pid)
         for number, sent in ((1, requests), (2, requests), (3, fresh)):
             wall, records = run_pass(client, server.base, sent, args.clients)
             summary = pass_summary(records, wall)
             waits, before = compile_waits(workdir), waits
             if waits is not None and before is not None:  # (ours: its engine's stats)
                 summary["compile_waits"] = {k: round(waits[k] - before[k], 4) for k in waits}
+            cpu, cpu_before = server_cpu(server.proc.pid), cpu
+            summary["cpu_s"] = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu.items()}
             passes.append({"pass": number, "summary": summary, "records": records})
             print(
                 f"{shape:8s} {config:4s} round {round_} pass {number}: {wall:7.2f} s, valid "
@@ -487,6 +490,27 @@ def run_config(
         "same_calls_both_passes": same_calls(passes[0]["records"], passes[1]["records"]),
         "passes": passes,
     }
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user and system) the server's processes have used so far: the API
+    server (``api``) and each child by its title (``VLLM::EngineCore``, ...), summed by
+    title. A pass's difference says which process its time went to."""
+    import psutil
+
+    found: dict[str, float] = {}
+    try:
+        root = psutil.Process(pid)
+        for label, proc in [("api", root), *((None, c) for c in root.children(recursive=True))]:
+            try:
+                times = proc.cpu_times()
+                name = label or proc.name()
+            except psutil.Error:
+                continue
+            found[name] = found.get(name, 0.0) + times.user + times.system
+    except psutil.Error:
+        pass
+    return found
 
 
 def compile_waits(workdir: pathlib.Path) -> dict[str, float] | None:
