@@ -381,6 +381,7 @@ def test_tool_call_walks_over_glaive_tools_end_parsing_and_finite(vocab, backend
         }
         spec = GrammarSpec("structural_tag", strict_arguments(text), backend)
         compiled = compile_now(spec, vocab)
+        assert unwrapped(compiled).backend == {"auto": "llguidance"}.get(backend, backend)
         for _ in range(2):
             done = walk(closing_layer(compiled, vocab, 160), vocab, bitmask, rng, 160)
             assert done.ended == "eos", (name, done.ended)

@@ -77,6 +77,13 @@ def test_both_spellings_parse_to_xgrammar_format():
         ({"type": "structural_tag", "format": {"type": "token", "token": 5}}, "token-level"),
         ({"type": "structural_tag", "format": {"type": "json_schema",
                                                "json_schema": {"type": 5}}}, "not a valid"),
+        ({"type": "structural_tag", "format": {"type": "or", "elements": []}},
+         '"elements" (at /format) must list at least one'),
+        ({"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": [],
+                                               "separator": ","}}, '"tags" (at /format)'),
+        ({"type": "structural_tag", "format": {"type": "tag", "begin": "a", "end": [],
+                                               "content": {"type": "const_string", "value": "x"}}},
+         '"end" (at /format)'),
     ],
 )  # fmt: skip
 def test_malformed_tags_are_refused_naming_the_field(value, message):
@@ -127,6 +134,71 @@ def test_json_style_calls_compile_on_llguidance_the_rest_on_xgrammar(vocab):
     assert "'qwen_xml' style (at /format/content/json_schema)" in str(error.value)
 
 
+def _agree(vocab, tag: dict, texts: list[str], **spec) -> list[bool]:
+    """Whether each text is accepted, the same on llguidance and on xgrammar."""
+    both = [compiled(vocab, tag, backend=b, **spec) for b in ("llguidance", "xgrammar")]
+    assert unwrapped(both[0]).backend == "llguidance"
+    found = [[accepts(grammar, vocab, text) for text in texts] for grammar in both]
+    assert found[0] == found[1], list(zip(texts, *found, strict=True))
+    return found[0]
+
+
+def _const(value: str) -> dict:
+    return {"type": "const_string", "value": value}
+
+
+def _tag(begin: str, content: dict, end) -> dict:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+def test_llguidance_writes_each_part_as_xgrammar_reads_it(vocab):
+    """Side by side with xgrammar, text by text: separators (none, one), at least one or
+    none, stop after the first, several ends, ``or``, ``sequence``, an empty literal, and
+    literals with quotes, backslashes, a DEL and non-ASCII text."""
+    number = {"type": "json_schema", "json_schema": {"type": "integer"}}
+    calls = [_tag("<a>", number, ["</a>", "</A>"]), _tag("<b>", _const('q"\\x\x7fé'), "</b>")]
+    texts = ["", "<a>1</a>", "<a>1</A>", "<a>1</b>", '<b>q"\\x\x7fé</b>', "<a>1</a>,<a>2</a>",
+             "<a>1</a><a>2</a>", "<a>1</a>,", ",<a>1</a>", "<a>1</a>,<b>q</b>"]  # fmt: skip
+    for separator in ("", ","):
+        for at_least_one in (False, True):
+            for stop_after_first in (False, True):
+                tagged = {"type": "tags_with_separator", "tags": calls, "separator": separator,
+                          "at_least_one": at_least_one,
+                          "stop_after_first": stop_after_first}  # fmt: skip
+                found = _agree(vocab, {"type": "structural_tag", "format": tagged}, texts)
+                assert found[0] is not at_least_one  # the empty text
+                assert found[1] and found[2] and not found[3]
+    choice = {"type": "or", "elements": [_const("yes"), _const(""), number]}
+    sequence = {"type": "sequence", "elements": [_const("n="), choice, _const(";")]}
+    found = _agree(vocab, {"type": "structural_tag", "format": sequence},
+                   ["n=yes;", "n=;", "n=12;", "n=yes", "n=no;", "n=-3;"])  # fmt: skip
+    assert found == [True, True, True, False, False, True]
+
+
+def test_a_parts_own_whitespace_cap_is_kept_or_refused(vocab):
+    """``max_whitespace_cnt`` on a JSON part: kept by compact JSON or by a ``max_whitespace``
+    within it; a larger ``max_whitespace`` is refused, naming both, on either backend."""
+    part = {**JSON_TAG["format"]["content"], "max_whitespace_cnt": 1}
+    tag = {**JSON_TAG, "format": {**JSON_TAG["format"], "content": part}}
+    for backend in ("llguidance", "xgrammar"):
+        assert compiled(vocab, tag, backend=backend)
+        assert compiled(vocab, tag, backend=backend, whitespace="flexible", max_whitespace=1)
+        with pytest.raises(GrammarError) as error:
+            compiled(vocab, tag, backend=backend, whitespace="flexible", max_whitespace=2)
+        assert "at most 1 whitespace" in str(error.value) and "max_whitespace (2)" in str(
+            error.value
+        )
+
+
+def test_a_keyword_refused_in_a_tag_only_xgrammar_compiles_names_xgrammar_alone(vocab):
+    decimal = {**WEATHER, "properties": {**WEATHER["properties"],
+                                         "t": {"type": "number", "multipleOf": 0.1}}}  # fmt: skip
+    with pytest.raises(GrammarError) as error:
+        compiled(vocab, vllm_tag("hermes", "auto", decimal))
+    assert error.value.keyword == "multipleOf"
+    assert "triggered_tags" not in str(error.value) and "xgrammar:" in str(error.value)
+
+
 def test_llguidance_tags_hold_the_same_rules(vocab):
     """On llguidance a tag's JSON is compact (or capped per gap when flexible), each schema
     held as a ``json_schema`` is (a keyword it would not enforce named, with its place), and
@@ -139,6 +211,13 @@ def test_llguidance_tags_hold_the_same_rules(vocab):
     assert not accepts(grammar, vocab, call.replace('"days":3', '"days":9'))  # maximum
     assert not accepts(grammar, vocab, call.replace('"days":3', '"hours":3'))  # closed object
     assert not accepts(grammar, vocab, call + call)  # one tag
+    open_weather = {k: v for k, v in WEATHER.items() if k != "additionalProperties"}
+    open_tag = {**JSON_TAG, "format": {**JSON_TAG["format"], "content": {
+        "type": "json_schema", "json_schema": open_weather}}}  # fmt: skip
+    extra = call.replace('"days":3', '"days":3,"hours":3')
+    assert accepts(compiled(vocab, open_tag, backend="llguidance"), vocab, extra)
+    closed = compiled(vocab, open_tag, backend="llguidance", close_objects=True)
+    assert accepts(closed, vocab, call) and not accepts(closed, vocab, extra)
     flexible = compiled(vocab, JSON_TAG, backend="llguidance", whitespace="flexible")
     assert accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city": "Paris"'))
     assert not accepts(flexible, vocab, call.replace('{"city":"Paris"', '{"city":   "Paris"'))

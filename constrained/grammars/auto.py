@@ -3,7 +3,8 @@
 A backend compiles a JSON schema only when its ``refusal`` finds nothing it would not
 enforce. ``auto`` tries ``registry.BACKENDS`` in order and takes the first that compiles; when
 none does, the first backend's reason leads (llguidance enforces the most) and the error names
-the keyword no backend enforces (for a structural tag, the first a backend named).
+the keyword no backend enforces (for a structural tag, the keyword a backend that compiles its
+parts named, with that backend's reason alone).
 """
 
 from __future__ import annotations
@@ -76,10 +77,18 @@ def compile_auto(spec: GrammarSpec, vocab: Vocab) -> CompiledGrammar:
     first = errors[0]
     if spec.kind == "json_schema":
         keyword = BACKENDS[0].refused_keyword(first)
-    else:  # a tag's part one backend does not compile, the keyword another does not enforce
-        keyword = next((e.keyword for e in errors if e.keyword is not None), None)
-    if keyword is not None:
+        if keyword is not None:
+            raise GrammarError(
+                "",
+                f"keyword '{keyword}' is not enforced by any backend ({reasons})",
+                keyword=keyword,
+            )
+    named = [e for e in errors if e.keyword is not None]
+    if spec.kind == "structural_tag" and named:  # the others refused a part, not a keyword
+        keyword = named[0].keyword
+        reasons = "; ".join(str(e) for e in named)
         raise GrammarError(
-            "", f"keyword '{keyword}' is not enforced by any backend ({reasons})", keyword=keyword
-        )
+            "", f"keyword '{keyword}' is not enforced by the backends that compile it ({reasons})",
+            keyword=keyword,
+        )  # fmt: skip
     raise GrammarError("", f"cannot be compiled ({reasons})")

@@ -93,7 +93,31 @@ def parse_structural_tag(value: Any) -> dict[str, Any]:
             )
         if isinstance(node.get("begin"), dict) or isinstance(node.get("end"), dict):
             raise ValueError(f"token-level begin or end (at {path}) is not supported")
+        for key in _LISTS.get(node.get("type"), ()):
+            if node.get(key) == []:  # xgrammar refuses them when it compiles: refused here
+                raise ValueError(f'"{key}" (at {path}) must list at least one')
     return parsed
+
+
+# The parts' lists that may not be empty (an empty choice matches nothing, an empty list of
+# ends would leave a tag unclosed).
+_LISTS = {"sequence": ("elements",), "or": ("elements",), "tags_with_separator": ("tags",),
+          "triggered_tags": ("tags", "triggers"), "tag": ("end",)}  # fmt: skip
+
+
+def refuse_looser_whitespace(node: dict[str, Any], where: str, compact: bool, most: int) -> None:
+    """A JSON part's own ``max_whitespace_cnt`` is kept by the spec's whitespace (none, or
+    at most ``most`` characters a gap), else refused: never dropped.
+
+    Raises:
+        ValueError: naming the part's cap and the spec's.
+    """
+    cap = node.get("max_whitespace_cnt")
+    if cap is not None and not compact and most > cap:
+        raise ValueError(
+            f"the part at {where} allows at most {cap} whitespace characters in a row, "
+            f"fewer than max_whitespace ({most}): give max_whitespace <= {cap}"
+        )
 
 
 def checked_structural_tag(value: Any, check: bool = True) -> str:
