@@ -23,11 +23,7 @@ from typing import TYPE_CHECKING, Any
 from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.matcher import Matcher
-from constrained.grammars.structural_tag import (
-    SCHEMA_FORMATS,
-    literals,
-    refuse_looser_whitespace,
-)
+from constrained.grammars.structural_tag import SCHEMA_FORMATS, check_json_part, literals
 from constrained.helper_cpus import built_off_compute
 from constrained.schema.rewrite import first_enforced
 from constrained.schema.user_input import close_objects
@@ -85,56 +81,66 @@ def structural_tag_lark(spec: GrammarSpec, vocab: Vocab) -> str:
             that llguidance would not enforce (naming its keyword).
     """
     tag = json.loads(spec.source)
-    rules: list[str] = []
-    written = vocab.specials_in(literals(tag))
-    specials = {vocab.tokenizer.convert_ids_to_tokens(i): i for i in written}
-    split = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+    writer = _LarkWriter(spec, vocab, vocab.specials_in(literals(tag)))
+    top = writer.rule(tag["format"], "/format")
+    return "\n".join([f"start: {top}", *writer.rules])
 
-    def text(value: str) -> str:  # escaped to ASCII: Lark's lexer refuses a raw DEL
-        if not specials:
+
+class _LarkWriter:
+    """A structural tag's parts as Lark rules (``structural_tag_lark``), one rule a part."""
+
+    def __init__(self, spec: GrammarSpec, vocab: Vocab, written: frozenset[int]) -> None:
+        self.spec = spec
+        self.rules: list[str] = []
+        self.specials = {vocab.tokenizer.convert_ids_to_tokens(i): i for i in written}
+        by_length = sorted(self.specials, key=len, reverse=True)
+        self.split = re.compile("|".join(map(re.escape, by_length)))
+
+    def text(self, value: str) -> str:
+        """A literal, each special token's text in it also written as that token; escaped to
+        ASCII (Lark's lexer refuses a raw DEL)."""
+        if not self.specials:
             return json.dumps(value)
         pieces, at = [], 0
-        for found in split.finditer(value):
+        for found in self.split.finditer(value):
             pieces.append(json.dumps(value[at : found.start()]))
-            pieces.append(f"({json.dumps(found.group())} | <[{specials[found.group()]}]>)")
+            pieces.append(f"({json.dumps(found.group())} | <[{self.specials[found.group()]}]>)")
             at = found.end()
         pieces.append(json.dumps(value[at:]))
         return " ".join(p for p in pieces if p != '""') or '""'
 
-    def rule(node: dict[str, Any], where: str) -> str:
-        name = f"part{len(rules)}"
-        rules.append("")
-        index = len(rules) - 1
+    def rule(self, node: dict[str, Any], where: str) -> str:
+        """The name of a new rule for ``node`` (its parts' rules after it)."""
+        index = len(self.rules)
+        self.rules.append("")  # its place, before its parts' rules
+        self.rules[index] = f"part{index}: {self.body(node, where)}"
+        return f"part{index}"
+
+    def body(self, node: dict[str, Any], where: str) -> str:
         kind = node.get("type")
         if kind == "const_string":
-            body = text(node["value"])
-        elif kind in SCHEMA_FORMATS:
-            body = "%json " + _schema_part(node, f"{where}/json_schema", spec)
-        elif kind in ("sequence", "or"):
-            elements = [rule(e, f"{where}/elements/{i}") for i, e in enumerate(node["elements"])]
-            body = (" " if kind == "sequence" else " | ").join(elements) or '""'
-        elif kind == "tag":
+            return self.text(node["value"])
+        if kind in SCHEMA_FORMATS:
+            return "%json " + _schema_part(node, f"{where}/json_schema", self.spec)
+        if kind in ("sequence", "or"):
+            parts = enumerate(node["elements"])
+            elements = [self.rule(e, f"{where}/elements/{i}") for i, e in parts]
+            return (" " if kind == "sequence" else " | ").join(elements) or '""'
+        if kind == "tag":
             ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
-            content = rule(node["content"], f"{where}/content")
-            body = f"{text(node['begin'])} {content} ({' | '.join(text(e) for e in ends)})"
-        elif kind == "tags_with_separator":
-            tags = " | ".join(rule(t, f"{where}/tags/{i}") for i, t in enumerate(node["tags"]))
-            one = f"({tags})"
+            content = self.rule(node["content"], f"{where}/content")
+            return f"{self.text(node['begin'])} {content} ({' | '.join(map(self.text, ends))})"
+        if kind == "tags_with_separator":
+            tags = [self.rule(t, f"{where}/tags/{i}") for i, t in enumerate(node["tags"])]
+            one = f"({' | '.join(tags)})"
             if node.get("stop_after_first"):
                 body = one
             elif node["separator"]:
-                body = f"{one} ({text(node['separator'])} {one})*"
+                body = f"{one} ({self.text(node['separator'])} {one})*"
             else:
                 body = f"{one}+"
-            if not node.get("at_least_one"):
-                body = f"({body})?"
-        else:
-            raise GrammarError(NAME, f"the {kind!r} part (at {where}) is compiled by xgrammar")
-        rules[index] = f"{name}: {body}"
-        return name
-
-    top = rule(tag["format"], "/format")
-    return "\n".join([f"start: {top}", *rules])
+            return body if node.get("at_least_one") else f"({body})?"
+        raise GrammarError(NAME, f"the {kind!r} part (at {where}) is compiled by xgrammar")
 
 
 def _schema_part(node: dict[str, Any], where: str, spec: GrammarSpec) -> str:
@@ -145,11 +151,8 @@ def _schema_part(node: dict[str, Any], where: str, spec: GrammarSpec) -> str:
     style = node.get("style", "json") if node["type"] == "json_schema" else "qwen_xml"
     if style != "json":
         raise GrammarError(NAME, f"the {style!r} style (at {where}) is compiled by xgrammar")
-    if node.get("any_order") or node.get("excludes"):
-        raise GrammarError(NAME, f"a JSON part with any_order or excludes (at {where})")
     try:
-        compact = spec.whitespace == "compact"
-        refuse_looser_whitespace(node, where, compact, spec.max_whitespace)
+        check_json_part(node, where, spec)
     except ValueError as exc:
         raise GrammarError(NAME, str(exc)) from None
     options = json_options(spec)

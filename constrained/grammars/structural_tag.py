@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from constrained.grammars.spec import GrammarSpec
 
 # Parts that name token ids or token strings instead of text.
 TOKEN_FORMATS = frozenset(
@@ -105,18 +108,22 @@ _LISTS = {"sequence": ("elements",), "or": ("elements",), "tags_with_separator":
           "triggered_tags": ("tags", "triggers"), "tag": ("end",)}  # fmt: skip
 
 
-def refuse_looser_whitespace(node: dict[str, Any], where: str, compact: bool, most: int) -> None:
-    """A JSON part's own ``max_whitespace_cnt`` is kept by the spec's whitespace (none, or
-    at most ``most`` characters a gap), else refused: never dropped.
+def check_json_part(node: dict[str, Any], where: str, spec: GrammarSpec) -> None:
+    """What every backend refuses in a JSON part: ``any_order`` or ``excludes``, and its own
+    ``max_whitespace_cnt`` where the spec's whitespace would not keep it (compact JSON, or a
+    ``max_whitespace`` within it, keeps it): never dropped.
 
     Raises:
-        ValueError: naming the part's cap and the spec's.
+        ValueError: naming the part's place (and both caps).
     """
+    if node.get("any_order") or node.get("excludes"):
+        raise ValueError(f"a JSON part with any_order or excludes (at {where})")
     cap = node.get("max_whitespace_cnt")
-    if cap is not None and not compact and most > cap:
+    compact = spec.whitespace == "compact" or spec.max_whitespace == 0
+    if cap is not None and not compact and spec.max_whitespace > cap:
         raise ValueError(
             f"the part at {where} allows at most {cap} whitespace characters in a row, "
-            f"fewer than max_whitespace ({most}): give max_whitespace <= {cap}"
+            f"fewer than max_whitespace ({spec.max_whitespace}): give max_whitespace <= {cap}"
         )
 
 

@@ -38,7 +38,7 @@ from constrained.errors import GrammarError
 from constrained.grammars.backend import Backend, library_version
 from constrained.grammars.matcher import Matcher, fill_only
 from constrained.grammars.qwen_xml import SURROGATES, xml_parameters
-from constrained.grammars.structural_tag import literals, map_schemas, refuse_looser_whitespace
+from constrained.grammars.structural_tag import check_json_part, literals, map_schemas
 from constrained.schema.allow_list import AllowList
 from constrained.schema.rewrite import first_enforced
 from constrained.schema.user_input import close_objects
@@ -375,10 +375,8 @@ def structural_tag_source(spec: GrammarSpec, vocab: Vocab) -> tuple[str, frozens
                 text = close_objects(text)
             except ValueError as exc:
                 raise GrammarError(NAME, f"{where}: {exc}", keyword="allOf") from None
-        if node.get("any_order") or node.get("excludes"):
-            raise GrammarError(NAME, f"a JSON part with any_order or excludes (at {where})")
         try:
-            refuse_looser_whitespace(node, where, *_whitespace(spec))
+            check_json_part(node, where, spec)
         except ValueError as exc:
             raise GrammarError(NAME, str(exc)) from None
         return {"type": "grammar", "grammar": json_grammar(text, spec)}
@@ -396,18 +394,13 @@ _STRING_CHARACTERS = ('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]')
 _JSON_CHARACTERS = '[^\\0-\\x1f\\"\\\\\\r\\n' + SURROGATES + "]"
 
 
-def _whitespace(spec: GrammarSpec) -> tuple[bool, int]:
-    """Whether the spec's JSON is compact, and its most whitespace a gap otherwise."""
-    return spec.whitespace == "compact" or spec.max_whitespace == 0, spec.max_whitespace
-
-
 def json_grammar(text: str, spec: GrammarSpec, strict_mode: bool = False) -> str:
     """xgrammar's grammar (EBNF) of JSON valid against the schema ``text``, with the spec's
     whitespace: compact, or at most ``max_whitespace`` characters a gap; its strings never
     hold a raw control character or a surrogate (``_STRING_CHARACTERS``)."""
     import xgrammar
 
-    if _whitespace(spec)[0]:
+    if spec.whitespace == "compact" or spec.max_whitespace == 0:
         kwargs: dict[str, Any] = {"any_whitespace": False, "separators": (",", ":")}
     else:
         kwargs = {"any_whitespace": True, "max_whitespace_cnt": spec.max_whitespace}
