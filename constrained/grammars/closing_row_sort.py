@@ -74,12 +74,13 @@ def wide(words: np.ndarray, eos: int) -> bool:
 
 
 def only_the_witness(
-    words: np.ndarray, witness: list[int], eos: int
+    words: np.ndarray, witness: list[int], eos: int, count: int | None = None
 ) -> dict[int, list[int]] | None:
     """A row's checks where it allows only the witness's first token (a key's next
     piece), or nothing but end-of-sequence: nothing to clear, and that token's check is
-    the witness's own. ``None`` for any other row."""
-    count = others(words, eos)
+    the witness's own. ``None`` for any other row. ``count``: ``others(words, eos)``, if
+    known."""
+    count = others(words, eos) if count is None else count
     if count == 0:
         return {}
     first = witness[0] if witness else None
@@ -324,9 +325,10 @@ class RowSorter:
         after which no completion fits (a known suffix too long, or a walk that finds none
         in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
         (text) is left as it is. The checks made (``None``: none)."""
-        if wide(words, self.eos):
+        count = others(words, self.eos)  # (one pass over the row for both tests)
+        if count > EXACT_MAX:  # wide
             return None
-        only = only_the_witness(words, witness, self.eos)
+        only = only_the_witness(words, witness, self.eos, count)
         if only is not None:  # (a fifth of the riser rows, for nothing)
             return only
         ids = row_ids(words)

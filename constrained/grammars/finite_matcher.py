@@ -199,15 +199,21 @@ class FiniteMatcher(MatcherWrapper):
         # follow the token), and the rule is read only for those it accepts.
         if not self.inner.completes(tokens):
             return False
-        # closing checks the same completions from the same states again and again
-        runs = self.grammar.runs
-        key = (self.states[-1], tuple(tokens))
-        whole = runs.get(key)
-        if whole is None:
-            before = len(self.states)
-            whole = _kept_in(runs, key, self._kept(tokens, len(tokens)) == len(tokens))
+        # Closing checks a row's tokens each with the same few suffixes, and most tokens
+        # leave the same state: a run is memoised from the state after its first token.
+        tokens = list(tokens)
+        before = len(self.states)
+        try:
+            if tokens and not self._kept(tokens, 1):
+                return False
+            runs, rest = self.grammar.runs, tuple(tokens[1:])
+            key = (self.states[-1], rest)
+            whole = runs.get(key)
+            if whole is None:
+                whole = _kept_in(runs, key, self._kept(rest, len(rest)) == len(rest))
+            return whole
+        finally:
             del self.states[before:]
-        return whole
 
     def accepted(self, tokens: Sequence[int]) -> int:
         if self.error is not None:
