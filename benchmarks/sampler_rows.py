@@ -1,7 +1,7 @@
 """What a grammar row costs the worker past the fill, by its kind (#55): the mask applied to
 the logits (vLLM's own path: xgrammar's CPU kernel; ours: ``functional.apply_token_bitmask``)
 and vLLM's CPU sampler (``fused_gumbel_argmax``, which skips ``-inf`` logits), for a batch of
-rows that allow free text (nearly every token) or structure (a hundred tokens).
+rows that allow free text (every token) or structure (96 tokens).
 
 This is why ``server_profile`` finds vLLM's time in its mask kernel and ours in the sampler on
 ``tool_calls_cold --shapes required``: vLLM's outputs ramble in whitespace (rows of structure),
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-ALLOWED_IN_STRUCTURE = 100  # tokens a row of JSON structure allows, about
+ALLOWED_IN_STRUCTURE = 96  # tokens a row of JSON structure allows, about (whole words)
 
 
 def timed(call: Callable[[], object], repeats: int) -> float:

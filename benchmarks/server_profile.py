@@ -9,10 +9,14 @@ py-spy's raw output (one line a stack, ``;``-joined frames, then a sample count)
 counts, for each benchmark server, the samples in each of ``PARTS``: the first whose
 frame is on a sample's stack takes it (a part's own callees in later parts are not
 double-counted). Samples are thread samples (the fill thread's beside the worker's main
-thread) taken at ``--rate`` a second while a thread runs Python, start-up included.
+thread) taken at ``--rate`` a second of each thread on a CPU, in Python or native code,
+start-up included; an idle thread is not sampled, nor one waiting for the GIL.
 
-A server is ours where its worker ran ``constrained``'s fill; of each kind the one with
-the most samples is the benchmark's (the others are the probes of tool selection).
+A process is named by the frames most of its samples hold (``EngineCoreProc``: the engine
+core, ``WorkerProc``: the worker; the API server is the benchmark's child); a server is
+ours where its worker ran our fill (``mask_fill.py``; vLLM's own server imports
+``constrained`` too, so that alone does not tell); of each kind the one with the most
+samples is the benchmark's (the others are the probes of tool selection).
 
 Record, then summarise (py-spy is not a dependency: ``pip install py-spy``)::
 
@@ -39,13 +43,13 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("worker", "our fill: the rest", "V1MaskFill._fill "),
     ("worker", "forward: layers", "GPUModelRunner._model_forward "),
     ("worker", "forward: lm head", "compute_logits "),
-    ("worker", "our processors' apply", "Sampler.apply_logits_processors "),
+    ("worker", "logits processors applied", "Sampler.apply_logits_processors "),
     ("worker", "vLLM's grammar mask applied", "apply_grammar_bitmask "),
     ("worker", "sampling (gumbel argmax)", "TopKTopPSampler.forward"),
     ("worker", "polling for the next step", "MessageQueue.dequeue "),
     ("engine", "vLLM's structured outputs", "StructuredOutputManager"),
     ("engine", "waiting for sampling", "MultiprocExecutor.sample_tokens "),
-    ("engine", "waiting for the forward pass", "FutureWrapper.result "),
+    ("engine", "waiting for execute_model", "FutureWrapper.result "),
     ("engine", "scheduling", "Scheduler."),
 )
 _PROCESS = re.compile(r"^process (\d+):")  # then its command line, which may hold ";"
@@ -68,15 +72,41 @@ def read(path: pathlib.Path) -> list[tuple[list[int], list[str], int]]:
     return stacks
 
 
+def process_names(stacks: list[tuple[list[int], list[str], int]]) -> dict[int, str]:
+    """Each process's name: ``api`` (the benchmark's child), ``engine`` or ``worker`` (the
+    marker most of its samples hold), else ``other`` (a resource tracker, a probe's)."""
+    marks: dict[int, Counter] = defaultdict(Counter)
+    for pids, frames, count in stacks:
+        if len(pids) >= 3:
+            for name, mark in (("engine", "EngineCoreProc"), ("worker", "WorkerProc")):
+                if any(mark in frame for frame in frames):
+                    marks[pids[-1]][name] += count
+    names = {}
+    for pids, _, _ in stacks:
+        if len(pids) == 2:
+            names[pids[1]] = "api"
+        elif len(pids) >= 3:
+            found = marks[pids[-1]].most_common(1)
+            names[pids[-1]] = found[0][0] if found else "other"
+    return names
+
+
 def summarise(stacks: list[tuple[list[int], list[str], int]], rate: float) -> dict:
-    """Per server (ours, vLLM's): samples and seconds of each process and part."""
+    """Per server (ours, vLLM's): samples and seconds of each process and part.
+
+    Raises:
+        ValueError: no stack holds a frame (not py-spy's raw format with line numbers).
+    """
+    if not any(frames for _, frames, _ in stacks):
+        raise ValueError("no frames read: record with py-spy's --format raw, line numbers on")
+    names = process_names(stacks)
     servers: dict[int, dict] = defaultdict(lambda: {"ours": False, "processes": Counter(),
                                                     "parts": Counter()})  # fmt: skip
     for pids, frames, count in stacks:
         if len(pids) < 2:
             continue  # the benchmark's own process
         server = servers[pids[1]]
-        process = {2: "api", 3: "engine", 4: "worker"}.get(len(pids), "other")
+        process = names[pids[-1]]
         server["processes"][process] += count
         if any("mask_fill.py" in frame for frame in frames):
             server["ours"] = True
