@@ -151,10 +151,7 @@ def _schema_part(node: dict[str, Any], where: str, spec: GrammarSpec) -> str:
     style = node.get("style", "json") if node["type"] == "json_schema" else "qwen_xml"
     if style != "json":
         raise GrammarError(NAME, f"the {style!r} style (at {where}) is compiled by xgrammar")
-    try:
-        check_json_part(node, where, spec)
-    except ValueError as exc:
-        raise GrammarError(NAME, str(exc)) from None
+    check_json_part(node, where, spec, NAME)
     options = json_options(spec)
 
     def enforced(source: str) -> str:

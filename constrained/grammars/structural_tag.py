@@ -34,6 +34,8 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from constrained.errors import GrammarError
+
 if TYPE_CHECKING:
     from constrained.grammars.spec import GrammarSpec
 
@@ -108,22 +110,23 @@ _LISTS = {"sequence": ("elements",), "or": ("elements",), "tags_with_separator":
           "triggered_tags": ("tags", "triggers"), "tag": ("end",)}  # fmt: skip
 
 
-def check_json_part(node: dict[str, Any], where: str, spec: GrammarSpec) -> None:
+def check_json_part(node: dict[str, Any], where: str, spec: GrammarSpec, backend: str) -> None:
     """What every backend refuses in a JSON part: ``any_order`` or ``excludes``, and its own
     ``max_whitespace_cnt`` where the spec's whitespace would not keep it (compact JSON, or a
     ``max_whitespace`` within it, keeps it): never dropped.
 
     Raises:
-        ValueError: naming the part's place (and both caps).
+        GrammarError: ``backend``'s, naming the part's place (and both caps).
     """
     if node.get("any_order") or node.get("excludes"):
-        raise ValueError(f"a JSON part with any_order or excludes (at {where})")
+        raise GrammarError(backend, f"a JSON part with any_order or excludes (at {where})")
     cap = node.get("max_whitespace_cnt")
     compact = spec.whitespace == "compact" or spec.max_whitespace == 0
     if cap is not None and not compact and spec.max_whitespace > cap:
-        raise ValueError(
+        raise GrammarError(
+            backend,
             f"the part at {where} allows at most {cap} whitespace characters in a row, "
-            f"fewer than max_whitespace ({spec.max_whitespace}): give max_whitespace <= {cap}"
+            f"fewer than max_whitespace ({spec.max_whitespace}): give max_whitespace <= {cap}",
         )
 
 

@@ -375,10 +375,7 @@ def structural_tag_source(spec: GrammarSpec, vocab: Vocab) -> tuple[str, frozens
                 text = close_objects(text)
             except ValueError as exc:
                 raise GrammarError(NAME, f"{where}: {exc}", keyword="allOf") from None
-        try:
-            check_json_part(node, where, spec)
-        except ValueError as exc:
-            raise GrammarError(NAME, str(exc)) from None
+        check_json_part(node, where, spec, NAME)
         return {"type": "grammar", "grammar": json_grammar(text, spec)}
 
     prepared = map_schemas(json.loads(spec.source), part)
