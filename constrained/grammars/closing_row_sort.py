@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -87,6 +87,17 @@ def only_the_witness(
     if count == 1 and first is not None and words[first >> 5] >> np.uint32(first & 31) & 1:
         return {first: list(witness[1:])}
     return None
+
+
+class RiserRow(NamedTuple):
+    """A riser row's checks (``RowSorter.clear_risers``), kept for the request's next row:
+    its words as the layers below wrote them and as it left them, its witness, and the
+    suffixes found."""
+
+    before: np.ndarray
+    witness: list[int]
+    safe: dict[int, list[int]]
+    after: np.ndarray
 
 
 class RowSorter:
@@ -352,6 +363,23 @@ class RowSorter:
             ids = np.asarray(risers, dtype=np.int64)
             np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
         return safe
+
+    def risers_again(
+        self, last: RiserRow | None, words: np.ndarray, witness: list[int], left: int
+    ) -> dict[int, list[int]] | None:
+        """The request's last riser row's checks for this row, where it allows the same
+        tokens with the same witness (a number's digits, one row after another): each
+        suffix found there checked again here (one ``completes``: equal rows and witnesses
+        need not be equal states) and within the room, the tokens it cleared cleared again.
+        ``None`` where the row differs or a suffix fails (the row is checked afresh)."""
+        if last is None or last.witness != witness or not np.array_equal(last.before, words):
+            return None
+        room, inner = left - 2, self.checker.inner
+        for token, suffix in last.safe.items():
+            if len(suffix) > room or not completes(inner, [token, *suffix]):
+                return None
+        words[:] = last.after
+        return dict(last.safe)
 
     def keep_witness(self, words: np.ndarray, witness: list[int], before: np.ndarray) -> bool:
         """A narrowed row left empty. Where the matcher accepts the witness

@@ -42,6 +42,22 @@ def text_and_bounds(pieces: Sequence[bytes], tokens: Sequence[int]) -> tuple[byt
     return text, bounds
 
 
+def special_texts(vocab: Vocab) -> dict[int, bytes]:
+    """The text each special token of the tokenizer's added ones stands for
+    (``<tool_call>``), by id: its bytes are none (``Vocab.token_bytes``)."""
+
+    def build() -> dict[int, bytes]:
+        added = vocab.tokenizer.added_tokens_decoder
+        pieces = vocab.token_bytes()
+        return {
+            token: added[token].content.encode()
+            for token in vocab.special_ids()
+            if token in added and token < len(pieces) and not pieces[token]
+        }
+
+    return vocab._once("closing_special_texts", build)
+
+
 class Spelling:
     """A request's witnesses as text (the vocabulary's bytes), the last one's kept."""
 
@@ -120,12 +136,20 @@ class Spelling:
         return self.aligned_text(self.vocab.token_bytes()[token], witness)
 
     def aligned_text(self, piece: bytes, witness: list[int]) -> list[int] | None:
-        """``aligned`` for the text ``piece`` (one token's, or a run of them)."""
+        """``aligned`` for the text ``piece`` (one token's, or a run of them). A witness
+        that begins with a special token a grammar may also take as text (a hermes tag's
+        ``<tool_call>``, which a model may write ``<`` ``tool`` ``_call`` ``>``) aligns on
+        that text too: its rest, then the witness after the special token (a suffix to
+        check, never one taken unchecked: ``aligned_bytes`` does not cross it)."""
         if not piece or not witness:
             return None
         text, bounds = self.text_of(witness)
         if not text.startswith(piece):
-            return None
+            spoken = special_texts(self.vocab).get(witness[0], b"")
+            if len(spoken) <= len(piece) or not spoken.startswith(piece):
+                return witness[1:] if spoken and spoken == piece else None
+            head = self.spelt(spoken[len(piece) :])
+            return None if head is None else [*head, *witness[1:]]
         if len(piece) in bounds:
             return witness[bounds[len(piece)] :]
         return self.rest(witness, text, bounds, len(piece))
