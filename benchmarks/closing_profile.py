@@ -205,20 +205,23 @@ def profile(model_dir: pathlib.Path, texts: dict[str, str], kind: str, budget: i
     }
 
 
-def tool_pair_tags(maskbench: pathlib.Path, pairs: int, seed: int) -> dict[str, str]:
+def tool_pair_tags(
+    maskbench: pathlib.Path, pairs: int, seed: int, files: list[str] | None = None
+) -> dict[str, str]:
     """``pairs`` structural tags, each what vLLM's hermes parser asks for when a request
     offers two Glaive tools with ``tool_choice: "required"``, as our routing moves it to the
     grammar processor (``openai_routing``: the arguments strict). vLLM's tag as it comes
     leaves every object open to more keys: a grammar that took xgrammar 4.5-5.6 s to compile
-    a pair on the Intel VM, against 10 ms for the strict one."""
+    a pair on the Intel VM, against 10 ms for the strict one. ``files``: the Glaive files
+    to pair, in order (a server run's selection), instead of the first candidates."""
     from vllm.tool_parsers.structural_tag_registry import get_hermes_structural_tag
     from xgrammar.openai_tool_call_schema import FunctionToolParam
 
     from benchmarks.tool_calls_cold import candidates, make_tool
     from constrained.openai_routing import call_on_its_token, strict_arguments
 
-    tools = [FunctionToolParam.model_validate(make_tool(maskbench, f))
-             for f in candidates(maskbench, seed)[: 2 * pairs]]  # fmt: skip
+    files = (files or candidates(maskbench, seed))[: 2 * pairs]
+    tools = [FunctionToolParam.model_validate(make_tool(maskbench, f)) for f in files]
     tags = {}
     for i in range(0, len(tools) - 1, 2):
         tag = get_hermes_structural_tag(tools[i : i + 2], [], "required", False)
