@@ -17,15 +17,9 @@ __all__ = ["vocab"]
 def _recorded(vocab) -> dict:
     """Two requests of a hermes ``required`` call as the server passes it on, each output
     the tag's shortest completion then end-of-sequence."""
-    from constrained.openai_routing import call_on_its_token, strict_arguments
-    from tests.test_structural_tag import vllm_tag
+    from tests.test_closing_counts import server_weather_tag
 
-    weather = {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city", "days"],
-    }
-    tag = strict_arguments(call_on_its_token(vllm_tag("hermes", "required", weather)))
+    tag = server_weather_tag()
     matcher = compile_now(GrammarSpec("structural_tag", tag), vocab).matcher()
     output = [*find_witness(matcher, vocab, 60), vocab.eos_token_id]
     return {"tags": [tag, tag], "outputs": [output, list(output)]}

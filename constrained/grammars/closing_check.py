@@ -107,12 +107,13 @@ class Checker:
     ) -> list[int] | None:
         """A completion from the current state within ``limit`` (``find_witness``), ending
         early where one of ``joins`` completes. ``looking``: a walk for more than the row
-        needs (a check's, a shorter witness's), walked once in a JSON schema's grammar."""
+        needs (a check's, a shorter witness's), walked once in a JSON schema's grammar and
+        wherever the first walk finds nothing."""
         # Joins only end a walk early: the same walk without them finds nothing more.
         found = find_witness(self.inner, self.vocab, limit, self.row(), joins=joins)
         if looking and (self.json or found is None):
-            # (in JSON the second walk found a shorter one for 1 of 236; after a failed
-            # looking walk in tool-call tags, none of 162 a pass)
+            # In JSON the second walk found a shorter completion for 1 walk of 236; where
+            # the first found none, in a pass of 30 tool calls, it found one for none of 162.
             return found
         literals = literal_tokens(self.vocab)
         # Outside JSON, JSON's literals (``true``, ``null``) are no shortcut: walk without.

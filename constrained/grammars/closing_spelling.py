@@ -147,7 +147,7 @@ class Spelling:
         if not text.startswith(piece):
             spoken = special_texts(self.vocab).get(witness[0], b"")
             if len(spoken) <= len(piece) or not spoken.startswith(piece):
-                return witness[1:] if spoken and spoken == piece else None
+                return None  # (all of it: the witness's tail, which callers try anyway)
             head = self.spelt(spoken[len(piece) :])
             return None if head is None else [*head, *witness[1:]]
         if len(piece) in bounds:
