@@ -20,7 +20,7 @@ it on (inclusive: a walk inside a sort counts in both):
 - ``rows``: all of closing's row work (``ClosingMatcher._narrow_own``);
 - ``fresh_sorts`` / ``sorts_again``: near rows sorted anew, or an earlier sort reused
   (``RowSorter.sort_tokens`` / ``sorted_again``, with its classes sorted again);
-- ``risers``: rows within reach, not near (``RowSorter.clear_risers``);
+- ``risers``: rows within reach, not near (``Risers.narrow``);
 - ``checks`` / ``walks``: every token check, and the walks checks end in
   (``Checker.check`` / ``Checker._walked``).
 
@@ -61,7 +61,7 @@ PARTS = (
     ("rows", "constrained.grammars.closing_matcher", "ClosingMatcher", "_narrow_own"),
     ("fresh_sorts", "constrained.grammars.closing_row_sort", "RowSorter", "sort_tokens"),
     ("sorts_again", "constrained.grammars.closing_row_sort", "RowSorter", "sorted_again"),
-    ("risers", "constrained.grammars.closing_row_sort", "RowSorter", "clear_risers"),
+    ("risers", "constrained.grammars.closing_risers", "Risers", "narrow"),
     ("checks", "constrained.grammars.closing_check", "Checker", "check"),
     ("walks", "constrained.grammars.closing_check", "Checker", "_walked"),
 )

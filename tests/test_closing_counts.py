@@ -1105,7 +1105,7 @@ def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(voca
     monkeypatch.setattr(
         closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
     )
-    safe = stack.sorter.clear_risers(words, witness, stack.left)
+    safe = stack.risers.clear(words, witness, stack.left)
     assert safe is not None and set(writers) <= set(safe)
     assert not set(writers) & set(calls)  # none of them was checked
     monkeypatch.setattr(closing_check, "completes", counted)
@@ -1118,7 +1118,7 @@ def test_a_riser_rows_tokens_that_write_the_witness_text_are_kept_unchecked(voca
     monkeypatch.setattr(
         closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
     )
-    stack.sorter.clear_risers(words.copy(), witness, tight)
+    stack.risers.clear(words.copy(), witness, tight)
     assert other in calls
 
 
@@ -1197,7 +1197,7 @@ def test_riser_rows_are_checked_where_the_stack_does_not_read_bytes(vocab, monke
     monkeypatch.setattr(
         closing_check, "completes", lambda m, tokens: calls.append(tokens[0]) or counted(m, tokens)
     )
-    stack.sorter.clear_risers(words, witness, stack.left)
+    stack.risers.clear(words, witness, stack.left)
     assert set(writers) <= set(calls)
 
 
@@ -1278,32 +1278,32 @@ def test_a_riser_row_like_the_last_one_reuses_its_checks(vocab, monkeypatch):
     words, witness = row()
     room = stack.left - 2
     assert len(witness) + stack.horizon.grow <= room  # a riser row, not a near one
-    first = stack._risers(words, witness, stack.left, True)
-    assert first and stack._last_riser is not None
+    first = stack.risers.narrow(words, witness, stack.left, True)
+    assert first and stack.risers.last is not None
     two = ids(vocab, b"2")[0]
     assert two in first
     assert stack.consume([two])
     words_again, witness_again = row()
-    assert witness_again == witness and np.array_equal(words_again, stack._last_riser.before)
+    assert witness_again == witness and np.array_equal(words_again, stack.risers.last.before)
     checks = []
     real = Checker.check
     monkeypatch.setattr(
         Checker, "check", lambda self, *a, **k: checks.append(1) or real(self, *a, **k)
     )
     fresh = words_again.copy()
-    again = stack._risers(words_again, witness_again, stack.left, True)
+    again = stack.risers.narrow(words_again, witness_again, stack.left, True)
     assert checks == [] and again == first
     monkeypatch.setattr(Checker, "check", real)
-    assert stack.sorter.clear_risers(fresh, witness_again, stack.left) is not None
+    assert stack.risers.clear(fresh, witness_again, stack.left) is not None
     assert np.array_equal(fresh, words_again)  # as a fresh sort leaves it
     for token, suffix in again.items():
         assert closing_module.completes(stack.inner, [token, *suffix])
     other, _ = row()
     other[0] ^= np.uint32(1 << 5)  # another row: checked afresh
-    assert stack.sorter.risers_again(stack._last_riser, other, witness, stack.left) is None
+    assert stack.risers.again(other, witness, stack.left) is None
     # a suffix that no longer fits the room: checked afresh
     longest = max(len(suffix) for suffix in again.values())
     tight = longest + 1  # ``left - 2`` one short of it
-    assert stack.sorter.risers_again(stack._last_riser, row()[0], witness, tight) is None
+    assert stack.risers.again(row()[0], witness, tight) is None
     stack.rollback(1)  # a committed token undone: the last riser row is another state's
-    assert stack._last_riser is None
+    assert stack.risers.last is None

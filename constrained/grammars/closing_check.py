@@ -5,7 +5,7 @@ A check is one ``completes`` of the matcher per suffix tried (llguidance: about 
 costs a mask per token, so what earlier checks found (``SuffixMemory``) is tried first. The
 guarantee rests on the matcher's own checks: a suffix is kept only where the matcher consumed
 the token and the suffix and accepts the end, or, for the witness's own first token, the
-witness's rest (the witness was so checked). A riser row (``RowSorter.clear_risers``) also
+witness's rest (the witness was so checked). A riser row (``closing_risers.Risers``) also
 keeps, unchecked, the rest of the witness's text after a token that writes its first bytes,
 where the stack reads bytes (``Matcher.reads_bytes``).
 

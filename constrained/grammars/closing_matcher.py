@@ -10,7 +10,7 @@ bytes, each row is one of:
 
 - **far** (``left - 2 >= need + reach``): left exactly as the layers below wrote it;
 - **within reach** (``need + grow <= left - 2``): a narrow row loses the tokens after which
-  no completion fits (``RowSorter.clear_risers``); a wide one is left as it is;
+  no completion fits (``closing_risers.Risers``); a wide one is left as it is;
 - **near**: narrowed to exactly its safe tokens (``RowSorter``, each token's check by the
   ``Checker``: a known suffix, else a walk).
 
@@ -25,6 +25,7 @@ and its bounds; the parts:
   earlier checks found; ``closing_spelling.Spelling``: a witness as text);
 - ``closing_row_sort.RowSorter``: a near row's sort (``closing_sorts``: sorts kept, and
   shared by a grammar's requests);
+- ``closing_risers.Risers``: a row within reach's risers;
 - ``ClosingMatcher`` (here): the budget, and which kind of row this is.
 
 Example::
@@ -45,7 +46,8 @@ import numpy as np
 
 from constrained.grammars.closing_check import Checker, Horizon
 from constrained.grammars.closing_memory import SuffixMemory
-from constrained.grammars.closing_row_sort import RiserRow, RowSorter, only_the_witness, wide
+from constrained.grammars.closing_risers import Risers
+from constrained.grammars.closing_row_sort import RowSorter, only_the_witness, wide
 from constrained.grammars.closing_sorts import Sort, keep_sort, nearest, new_sort, sort_key
 from constrained.grammars.closing_spelling import Spelling
 from constrained.grammars.closing_tables import MAX_RISE, tables_of
@@ -126,6 +128,7 @@ class ClosingMatcher(MatcherWrapper):
         self.track = WitnessTracker(inner, vocab, self.memory, spelling, hints)
         self.checker = Checker(inner, vocab, self.horizon, self.memory, spelling, scratch, json)
         self.sorter = RowSorter(self.checker)
+        self.risers = Risers(self.checker)
         self.narrowed = False  # the last committed near row was narrowed (not by risers)
         self.warned = False
         self.walk_after = 0  # no walk before this count (the last one found nothing)
@@ -133,9 +136,6 @@ class ClosingMatcher(MatcherWrapper):
         # The last committed near row's sort (reused while the row stays the same: text
         # inside a string), and the grammar's, shared by its requests (``ClosingTables.sorts``).
         self._last_sort: Sort | None = None
-        # The last committed riser row: its words before and after, witness and suffixes
-        # (``RowSorter.risers_again``: a number's digits, one row after another).
-        self._last_riser: RiserRow | None = None
         self.shared = shared
         # The grammar's rise, to widen ``reach`` with (``closing_layer``), probed when a row
         # first comes within ``MAX_RISE`` of the need (``_far``): a rise is at most
@@ -185,7 +185,7 @@ class ClosingMatcher(MatcherWrapper):
             del ahead[len(ahead) - num_tokens :]
         else:  # committed tokens undone: what was known of the state is gone
             self.track.forget()
-            self._last_sort = self._last_riser = None
+            self._last_sort = self.risers.last = None
 
     def suffixes(self) -> list[list[int]]:
         """Every completion this layer knows of (``WitnessTracker.suffixes``)."""
@@ -227,7 +227,7 @@ class ClosingMatcher(MatcherWrapper):
         if self._far(room, len(witness)):
             return
         if room >= len(witness) + self.horizon.grow:  # within reach, not near: risers only
-            found = self._risers(words, witness, left, committed)
+            found = self.risers.narrow(words, witness, left, committed)
             if committed and found is not None:
                 self.track.safe = found
             return
@@ -236,21 +236,6 @@ class ClosingMatcher(MatcherWrapper):
             self.track.checked(only, {})
             return
         self._narrow_near(bitmask, row, words, witness, left, shorter_after_sort)
-
-    def _risers(
-        self, words: np.ndarray, witness: list[int], left: int, committed: bool
-    ) -> dict[int, list[int]] | None:
-        """A row within reach: the request's last riser row's checks where this row is like
-        it (``RowSorter.risers_again``), else its own (``RowSorter.clear_risers``)."""
-        if not committed:
-            return self.sorter.clear_risers(words, witness, left)
-        again = self.sorter.risers_again(self._last_riser, words, witness, left)
-        if again is not None:
-            return again
-        before = words.copy()
-        found = self.sorter.clear_risers(words, witness, left)
-        self._last_riser = None if found is None else RiserRow(before, witness, found, words.copy())
-        return found
 
     def _far(self, room: int, need: int) -> bool:
         """``room >= need + reach``: the row is far. The grammar's rise is probed only where

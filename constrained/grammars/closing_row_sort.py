@@ -21,14 +21,13 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from constrained.grammars.closing import completes
 from constrained.grammars.closing_check import WALK_TOKENS, Walks
 from constrained.grammars.closing_sorts import Sort, WideRow, new_sort
-from constrained.grammars.matcher import row_ids
 from constrained.grammars.token_shapes import (
     after_text,
     in_free_text,
@@ -46,8 +45,6 @@ EXACT_MAX = 64  # rows allowing more tokens are checked per class
 NARROW_WALK_TOKENS = 3 * WALK_TOKENS  # the walk budget of a narrow near row (at most
 # ``EXACT_MAX`` tokens, each walked: an enum's first tokens, a key's; the rows of one
 # schema's requests share its sort, ``closing_sorts``)
-RISER_WALK_TOKENS = 4 * WALK_TOKENS  # the same for a narrow row within reach (a key row:
-# its prefixes' walks fail first)
 CLASS_CHECKS = 8  # members of a wide row's class checked one by one when its ends differ
 FORCED_CHECKS = 512  # tokens a wide row of structure (an enum's values, not free text)
 # would clear, checked again by what the grammar forces after them (one ``forced()`` and one
@@ -87,17 +84,6 @@ def only_the_witness(
     if count == 1 and first is not None and words[first >> 5] >> np.uint32(first & 31) & 1:
         return {first: list(witness[1:])}
     return None
-
-
-class RiserRow(NamedTuple):
-    """A riser row's checks (``RowSorter.clear_risers``), kept for the request's next row:
-    its words as the layers below wrote them and as it left them, its witness, and the
-    suffixes found."""
-
-    before: np.ndarray
-    witness: list[int]
-    safe: dict[int, list[int]]
-    after: np.ndarray
 
 
 class RowSorter:
@@ -327,65 +313,6 @@ class RowSorter:
         pieces = self.vocab.token_bytes()
         tail, lead = after_text(pieces[first]), pieces[witness[0]] if witness else b""
         return bool(tail and lead) and (tail.startswith(lead) or lead.startswith(tail))
-
-    def clear_risers(
-        self, words: np.ndarray, witness: list[int], left: int
-    ) -> dict[int, list[int]] | None:
-        """A row within ``reach`` of the budget but not within ``grow``: a narrow row (a
-        key, a value's first token: where one token can open a long value) loses the tokens
-        after which no completion fits (a known suffix too long, or a walk that finds none
-        in ``RISER_WALK_TOKENS`` masks a row; a token left unchecked stays); a wide row
-        (text) is left as it is. The checks made (``None``: none)."""
-        count = others(words, self.eos)  # (one pass over the row for both tests)
-        if count > EXACT_MAX:  # wide
-            return None
-        only = only_the_witness(words, witness, self.eos, count)
-        if only is not None:  # (a fifth of the riser rows, for nothing)
-            return only
-        ids = row_ids(words)
-        ids = ids[(ids != self.eos) & (ids < self.vocab.width)]
-        if ids.size > EXACT_MAX:
-            return None
-        safe: dict[int, list[int]] = {}
-        walks, risers = Walks(why=True, left=RISER_WALK_TOKENS), []
-        tokens = ids.tolist()
-        pieces, spelling = self.vocab.token_bytes(), self.checker.spelling
-        by_bytes = self.checker.inner.reads_bytes
-        for token in tokens:
-            known = spelling.aligned_bytes(pieces[token], witness) if by_bytes else None
-            if known is not None and len(known) <= left - 2:
-                # it writes the witness's first bytes: their rest, in time, as a check finds it
-                self.checker.record(token, known, witness, safe)
-                continue
-            if self.checker.check(token, witness, left, safe, walks) is None and walks.no_end:
-                risers.append(token)
-        if risers and len(risers) < len(tokens):
-            ids = np.asarray(risers, dtype=np.int64)
-            np.bitwise_and.at(words, ids // 32, ~(np.uint32(1) << (ids % 32).astype(np.uint32)))
-        return safe
-
-    def risers_again(
-        self, last: RiserRow | None, words: np.ndarray, witness: list[int], left: int
-    ) -> dict[int, list[int]] | None:
-        """The request's last riser row's checks for this row, where it allows the same
-        tokens with the same witness (a number's digits, one row after another): each
-        suffix found there checked again here (one ``completes``: equal rows and witnesses
-        need not be equal states) and within the room, the tokens it cleared cleared again.
-        ``None`` where the row differs or a suffix fails (the row is checked afresh).
-
-        The cleared tokens are not checked again, as ``sorted_again`` does not: with the
-        room one less, none of them completes by a suffix its check tried at an equal state;
-        at a state only equal-looking one might, and stays cleared (a distortion, never a
-        cut). Measured: a pass of 30 tool calls replayed and ``closing_digest`` over 120
-        MaskBench schemas, every row as before."""
-        if last is None or last.witness != witness or not np.array_equal(last.before, words):
-            return None
-        room, inner = left - 2, self.checker.inner
-        for token, suffix in last.safe.items():
-            if len(suffix) > room or not completes(inner, [token, *suffix]):
-                return None
-        words[:] = last.after
-        return dict(last.safe)
 
     def keep_witness(self, words: np.ndarray, witness: list[int], before: np.ndarray) -> bool:
         """A narrowed row left empty. Where the matcher accepts the witness
